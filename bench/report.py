@@ -1,0 +1,491 @@
+"""Turn raw rounds into the markdown tables of ``docs/benchmarks.md`` and the latency plot."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from typing import Any
+
+from .contenders import BACKEND_LABEL, BACKENDS, MARIADB_URL, PG_URL, REDIS_HOST, REDIS_PORT
+from .stats import median, pct
+
+Results = dict[str, dict[str, list[dict[str, Any]]]]
+
+TARGETS = {  # issue 3, per backend: (p50, p99, first after idle, share of floor, rows/msg, idle cpu)
+    "sqlite": (1.5, 5.0, 15.0, 50.0, 2.0, 1.0),
+    "postgres": (2.0, 5.0, 5.0, 80.0, 2.0, 1.0),
+    "mariadb": (10.0, 25.0, 60.0, 80.0, 2.0, 2.0),
+}
+
+
+# -- machine ---------------------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "cores": os.cpu_count(),
+        "cpu": "unknown",
+    }
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    pkgs = {}
+    for name in ("flask-firm-channel", "firm-channel", "SQLAlchemy", "psycopg", "PyMySQL",
+                 "redis"):
+        try:
+            pkgs[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pkgs[name] = "-"
+    info["packages"] = pkgs
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        info["commit"] = rev.stdout.strip() or "-"
+    except (OSError, subprocess.SubprocessError):
+        info["commit"] = "-"
+    servers = {}
+    try:
+        import sqlite3
+
+        servers["SQLite"] = sqlite3.sqlite_version
+        import sqlalchemy as sa
+
+        for label, url in (("PostgreSQL", PG_URL), ("MariaDB", MARIADB_URL)):
+            try:
+                e = sa.create_engine(url)
+                with e.connect() as c:
+                    v = c.exec_driver_sql("SELECT version()").scalar()
+                servers[label] = str(v).split(" on ")[0].split(",")[0]
+                e.dispose()
+            except Exception:  # noqa: BLE001
+                servers[label] = "unreachable"
+        import redis
+
+        r = redis.Redis(host=REDIS_HOST, port=REDIS_PORT)
+        servers["Redis"] = r.info("server").get("redis_version", "?")
+        r.close()
+    except Exception:  # noqa: BLE001
+        pass
+    info["servers"] = servers
+    return info
+
+
+# -- formatting ------------------------------------------------------------------------------
+
+
+def ms(v: float) -> str:
+    if v is None or math.isnan(v):
+        return "—"
+    if v < 10:
+        return f"{v:.2f}"
+    if v < 100:
+        return f"{v:.1f}"
+    return f"{v:.0f}"
+
+
+def num(v: float, digits: int = 0) -> str:
+    if v is None or math.isnan(v):
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+def ratio(v: float, ref: float | None) -> str:
+    if ref is None or v is None or math.isnan(v) or math.isnan(ref) or ref == 0:
+        return "—"
+    r = v / ref
+    return f"{r:.3f}×" if r < 0.1 else f"{r:.2f}×"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def ok_runs(runs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    return [r for r in runs or [] if "error" not in r]
+
+
+def errors(runs: list[dict[str, Any]] | None) -> list[str]:
+    return [r["error"].splitlines()[0] for r in runs or [] if "error" in r]
+
+
+# -- metrics per contender -------------------------------------------------------------------
+
+
+def delivery(runs: list[dict[str, Any]] | None) -> dict[str, float]:
+    good = ok_runs(runs)
+    if not good:
+        return {}
+    out = {f"p{p}": median(pct(r["latencies"], p) for r in good) for p in (50, 90, 99)}
+    out["max"] = median(max(r["latencies"], default=math.nan) for r in good)
+    out["expected"] = sum(r["sent"] * r["subs"] for r in good)
+    out["delivered"] = sum(r["delivered"] for r in good)
+    out["dups"] = sum(r["dups"] for r in good)
+    out["rate"] = median(r["sent"] / max(r["send_elapsed"], 1e-9) for r in good)
+    cpu, rows = [], []
+    for r in good:
+        s = r["per_sub"][0]
+        cpu.append(100.0 * s["cpu_s"] / max(s["wall_s"], 1e-9))
+        rows.append(rows_per_message(s))
+    out["cpu"] = median(cpu)
+    out["rows_per_msg"] = median(rows)
+    return out
+
+
+def rows_per_message(s: dict[str, Any]) -> float:
+    before, after = s.get("stats_before") or {}, s.get("stats_after") or {}
+    if after.get("rows_read") is None or before.get("rows_read") is None:
+        return math.nan
+    rows = after["rows_read"] - before["rows_read"]
+    if after.get("delivered") is not None and before.get("delivered") is not None:
+        delivered = after["delivered"] - before["delivered"]
+    else:
+        delivered = s["delivered"]
+    return rows / delivered if delivered else math.nan
+
+
+def throughput(runs: list[dict[str, Any]] | None) -> dict[str, float]:
+    good = ok_runs(runs)
+    if not good:
+        return {}
+    out = {"single": median(r["single"]["rate"] for r in good)}
+    out["many"] = median(r["many"]["rate"] for r in good if "many" in r)
+    return out
+
+
+def idle(runs: list[dict[str, Any]] | None) -> dict[str, float]:
+    good = [r for r in runs or [] if "idle" in r]
+    if not good:
+        return {}
+    cpu = [100.0 * r["idle"]["cpu_s"] / max(r["idle"]["wall_s"], 1e-9) for r in good]
+    rows = []
+    for r in good:
+        b, a = r["idle"].get("stats_before") or {}, r["idle"].get("stats_after") or {}
+        if a.get("rows_read") is not None and b.get("rows_read") is not None:
+            rows.append(a["rows_read"] - b["rows_read"])
+    firsts = [r["first"] for r in good if "first" in r]
+    return {
+        "cpu": median(cpu),
+        "rows": median(rows) if rows else math.nan,
+        "first": median(f["latencies"][0] if f["latencies"] else math.nan for f in firsts),
+        "first_sent": len(firsts),
+        "first_delivered": sum(f["delivered"] for f in firsts),
+        "first_dups": sum(f["dups"] for f in firsts),
+    }
+
+
+def ref_key(c: Any) -> str | None:
+    return f"firm100/{c.backend}" if c.backend else None
+
+
+# -- render ----------------------------------------------------------------------------------
+
+
+def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: Any) -> str:
+    lines: list[str] = []
+    add = lines.append
+    pk = meta["packages"]
+    srv = meta.get("servers", {})
+    add("# Benchmarks")
+    add("")
+    add(f"Measured {meta['date']} on {meta['cores']} cores ({meta['cpu']}), Linux "
+        f"{meta['kernel']}, Python {meta['python']}; a shared machine, so every number is the "
+        f"**median of {cfg.rounds} interleaved round(s)** (the order of contenders rotates each "
+        f"round). Whole run: {meta['elapsed_s'] / 60:.1f} min"
+        + (" (`--quick`: small counts, one round; a smoke run, not a result)." if cfg.quick
+           else "."))
+    add("")
+    add("Versions: " + ", ".join(f"{k} {v}" for k, v in pk.items()) + "; servers: "
+        + ", ".join(f"{k} {v}" for k, v in srv.items()) + f"; commit {meta.get('commit', '-')}.")
+    add("")
+    add("Reproduce from the repository root (PostgreSQL, MariaDB and Redis on loopback, as in "
+        "`bench/contenders.py`):")
+    add("")
+    add("```sh")
+    add("pip install -e '.[postgres,mysql,bench]'")
+    add("python -m bench            # full run, ~15 min; --quick for a smoke run")
+    add("python -m bench --only sqlite,redis --scenarios latency,idle")
+    add("```")
+    add("")
+    add("How it measures: separate subscriber and broadcaster processes; 100-byte payloads "
+        "stamped with `time.time()` just before `broadcast()` is called, so a latency includes "
+        "the broadcaster's own INSERT + COMMIT. Every measurement uses fresh processes and a "
+        "freshly created table; losses (delivered < sent) and duplicates are counted everywhere. "
+        "**×** columns are the value divided by firm-channel 1.0.0 at its default 0.1 s polling "
+        "on the same backend (for latency and CPU lower is better, for throughput higher). "
+        "firm-channel runs as its users run it: `create_engine_for(url)` + "
+        "`Channel(engine=..., polling_interval=...)`, in a namespace of its own (its table name "
+        "is fixed). flask-firm-channel runs at its engine level with default `Settings()` on a "
+        "plain `sqlalchemy.create_engine(url)`.")
+    add("")
+    by_key = {c.key: c for c in contenders}
+
+    def ref(scenario: str, fn: Any, c: Any, metric: str) -> float | None:
+        k = ref_key(c)
+        if not k or k not in by_key:
+            return None
+        return fn(results.get(scenario, {}).get(k)).get(metric)
+
+    subscribable = [c for c in contenders if c.can_subscribe]
+    order = sorted(subscribable, key=lambda c: (BACKENDS.index(c.backend) if c.backend else 9,
+                                                 ["ours", "firm", "pgnotify", "redis"].index(
+                                                     c.kind), -(c.interval or 0)))
+
+    # targets
+    ours = [c for c in contenders if c.kind == "ours"]
+    if ours:
+        add("## flask-firm-channel against the targets of issue 3")
+        add("")
+        add(_targets(ours, results, contenders))
+        add("")
+
+    if "latency" in results:
+        add(f"## Cross-process latency ({cfg.lat_n} messages, 1 subscriber process, "
+            f"{cfg.gap_min * 1000:.0f}–{cfg.gap_max * 1000:.0f} ms between sends)")
+        add("")
+        rows = []
+        for c in order:
+            m = delivery(results["latency"].get(c.key))
+            if not m:
+                rows.append([c.label, BACKEND_LABEL[c.backend]] + ["error"] + [""] * 7)
+                continue
+            rows.append([
+                c.label, BACKEND_LABEL[c.backend], ms(m["p50"]), ms(m["p90"]), ms(m["p99"]),
+                ms(m["max"]), f"{m['delivered']}/{m['expected']}", str(m["dups"]),
+                ratio(m["p50"], ref("latency", delivery, c, "p50")),
+                ratio(m["p99"], ref("latency", delivery, c, "p99")),
+            ])
+        add(table(["contender", "backend", "p50 ms", "p90 ms", "p99 ms", "max ms",
+                   "delivered/sent", "dups", "p50 ×", "p99 ×"], rows))
+        add("")
+        add("![cross-process latency](latency.png)")
+        add("")
+
+    if "fanout" in results:
+        add(f"## Fan-out to {cfg.fanout_subs} subscriber processes ({cfg.fanout_n} messages)")
+        add("")
+        rows = []
+        for c in order:
+            m = delivery(results["fanout"].get(c.key))
+            if not m:
+                rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 5)
+                continue
+            rows.append([
+                c.label, BACKEND_LABEL[c.backend], f"{m['delivered']}/{m['expected']}",
+                str(m["dups"]), ms(m["p50"]), ms(m["p99"]), ms(m["max"]),
+                ratio(m["p99"], ref("fanout", delivery, c, "p99")),
+            ])
+        add(table(["contender", "backend", "delivered/expected", "dups", "p50 ms", "p99 ms",
+                   "max ms", "p99 ×"], rows))
+        add("")
+
+    if "sustained" in results:
+        add(f"## Sustained load: {cfg.sustained_rate:.0f} msg/s for {cfg.sustained_s:.0f} s, "
+            "1 subscriber process")
+        add("")
+        add("Rows read per delivered message: flask-firm-channel's own `health()` counters; for "
+            "firm-channel, the rows its listener's `fetch_since` returned (payloads included). "
+            "Subscriber CPU: user + system time of the whole subscriber process over the window, "
+            "as % of one core. The send rate is what one paced broadcaster thread achieved.")
+        add("")
+        rows = []
+        for c in order:
+            m = delivery(results["sustained"].get(c.key))
+            if not m:
+                rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 8)
+                continue
+            rows.append([
+                c.label, BACKEND_LABEL[c.backend], num(m["rate"]),
+                f"{m['delivered']}/{m['expected']}", str(m["dups"]), ms(m["p50"]),
+                ms(m["p99"]), num(m["rows_per_msg"], 2), num(m["cpu"], 1),
+                ratio(m["rows_per_msg"], ref("sustained", delivery, c, "rows_per_msg")),
+                ratio(m["cpu"], ref("sustained", delivery, c, "cpu")),
+            ])
+        add(table(["contender", "backend", "sent msg/s", "delivered/sent", "dups", "p50 ms",
+                   "p99 ms", "rows read / msg", "subscriber CPU %", "rows ×", "CPU ×"], rows))
+        add("")
+
+    if "throughput" in results:
+        add(f"## Publish throughput, one thread ({cfg.tp_n:,} messages; `broadcast_many` in "
+            f"batches of {cfg.many_batch})")
+        add("")
+        add("No subscriber running. The floor is the raw driver's single-row INSERT + COMMIT "
+            "loop on the same table shape (sqlite3 in WAL with synchronous=NORMAL, psycopg, "
+            "PyMySQL), and its `executemany` in one transaction for the batched column. "
+            "firm-channel's publish path does not depend on its polling interval, so it is "
+            "measured once.")
+        add("")
+        pubs = [c for c in contenders if results["throughput"].get(c.key)]
+        pubs.sort(key=lambda c: (BACKENDS.index(c.backend) if c.backend else 9,
+                                 ["floor", "ours", "firm", "pgnotify", "redis"].index(c.kind)))
+        rows = []
+        for c in pubs:
+            m = throughput(results["throughput"].get(c.key))
+            if not m:
+                rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 4)
+                continue
+            floor = throughput(results["throughput"].get(f"floor/{c.backend}")) if c.backend \
+                else {}
+            share = (f"{100 * m['single'] / floor['single']:.0f} %"
+                     if floor and c.kind in ("ours", "firm") else "")
+            label = c.label.replace(" (0.1 s poll)", "")
+            rows.append([
+                label, BACKEND_LABEL[c.backend], num(m["single"]), share,
+                ratio(m["single"], ref("throughput", throughput, c, "single"))
+                if c.kind != "floor" else "",
+                num(m["many"]), ratio(m["many"], ref("throughput", throughput, c, "single"))
+                if not math.isnan(m["many"]) and c.kind != "floor" else "",
+            ])
+        add(table(["contender", "backend", "broadcast msg/s", "share of floor", "×",
+                   "broadcast_many msg/s", "× (vs firm single)"], rows))
+        add("")
+
+    if "idle" in results:
+        add(f"## Idle cost and the first message after {cfg.idle_s:.0f} s idle")
+        add("")
+        add(f"All subscribed processes idle side by side for {cfg.idle_s:.0f} s (CPU of the whole "
+            "subscriber process, % of one core); then each gets one message, one contender at a "
+            "time.")
+        add("")
+        rows = []
+        for c in order:
+            m = idle(results["idle"].get(c.key))
+            if not m:
+                rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 4)
+                continue
+            rows.append([
+                c.label, BACKEND_LABEL[c.backend], num(m["cpu"], 2),
+                ratio(m["cpu"], ref("idle", idle, c, "cpu")),
+                num(m["rows"]) if not math.isnan(m["rows"]) else "—",
+                ms(m["first"]), f"{m['first_delivered']}/{m['first_sent']}",
+                ratio(m["first"], ref("idle", idle, c, "first")),
+            ])
+        add(table(["contender", "backend", "idle CPU %", "CPU ×", "rows read while idle",
+                   "first message ms", "delivered/sent", "first ×"], rows))
+        add("")
+
+    errs = []
+    for scenario, per in results.items():
+        for key, runs in per.items():
+            for e in errors(runs):
+                errs.append(f"- {scenario} / {key}: `{e[:300]}`")
+            for r in runs:
+                if "first" not in r and "idle" in r and scenario == "idle":
+                    errs.append(f"- idle / {key}: no first-message result")
+    if meta.get("notes") or errs:
+        add("## Run notes")
+        add("")
+        for n in meta.get("notes", []):
+            add(f"- {n}")
+        lines.extend(errs)
+        add("")
+    return "\n".join(lines)
+
+
+def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
+    header = ["", *(BACKEND_LABEL[c.backend] for c in ours)]
+    rows: list[list[str]] = []
+
+    def cell(v: float, limit: float, unit: str, higher: bool = False, fmt: Any = ms) -> str:
+        if v is None or math.isnan(v):
+            return "—"
+        good = v >= limit if higher else v <= limit
+        return f"{fmt(v)}{unit} {'✅' if good else '❌'} ({'≥' if higher else '≤'} {limit:g}{unit})"
+
+    lat = [delivery(results.get("latency", {}).get(c.key)) for c in ours]
+    idl = [idle(results.get("idle", {}).get(c.key)) for c in ours]
+    sus = [delivery(results.get("sustained", {}).get(c.key)) for c in ours]
+    tp = [throughput(results.get("throughput", {}).get(c.key)) for c in ours]
+    fl = [throughput(results.get("throughput", {}).get(f"floor/{c.backend}")) for c in ours]
+    rows.append(["cross-process p50 under traffic"] + [
+        cell(m.get("p50", math.nan), TARGETS[c.backend][0], " ms") for c, m in zip(ours, lat)])
+    rows.append(["cross-process p99 under traffic"] + [
+        cell(m.get("p99", math.nan), TARGETS[c.backend][1], " ms") for c, m in zip(ours, lat)])
+    rows.append(["first message after idle"] + [
+        cell(m.get("first", math.nan), TARGETS[c.backend][2], " ms") for c, m in zip(ours, idl)])
+    shares = [100 * t["single"] / f["single"] if t and f else math.nan for t, f in zip(tp, fl)]
+    rows.append(["single-thread broadcast, share of floor"] + [
+        cell(s, TARGETS[c.backend][3], " %", higher=True, fmt=lambda v: f"{v:.0f}")
+        for c, s in zip(ours, shares)])
+    rows.append(["rows read per delivered message at 500 msg/s"] + [
+        cell(m.get("rows_per_msg", math.nan), TARGETS[c.backend][4], "",
+             fmt=lambda v: f"{v:.2f}") for c, m in zip(ours, sus)])
+    rows.append(["idle CPU of a subscribed process"] + [
+        cell(m.get("cpu", math.nan), TARGETS[c.backend][5], " %", fmt=lambda v: f"{v:.2f}")
+        for c, m in zip(ours, idl)])
+    loss_cells = []
+    for c in ours:
+        lost = dups = 0
+        for scenario in ("latency", "fanout", "sustained"):
+            m = delivery(results.get(scenario, {}).get(c.key))
+            if m:
+                lost += m["expected"] - m["delivered"]
+                dups += m["dups"]
+        m = idle(results.get("idle", {}).get(c.key))
+        if m:
+            lost += m["first_sent"] - m["first_delivered"]
+            dups += m["first_dups"]
+        loss_cells.append(f"{lost} lost, {dups} dup {'✅' if lost == dups == 0 else '❌'}")
+    rows.append(["losses / duplicates (all measurements)"] + loss_cells)
+    return table(header, rows)
+
+
+# -- plot ------------------------------------------------------------------------------------
+
+
+def plot(contenders: list[Any], results: Results, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lat = results.get("latency", {})
+    backends = [b for b in BACKENDS if any(c.backend == b and lat.get(c.key) for c in contenders
+                                           if c.kind in ("ours", "firm"))]
+    if not backends:
+        return
+    fig, axes = plt.subplots(1, len(backends), figsize=(5.2 * len(backends), 4.2), sharey=True,
+                             squeeze=False)
+    style = {
+        "ours": dict(color="#1f6feb", lw=2.4, ls="-"),
+        "firm100": dict(color="#d9534f", lw=1.6, ls="-"),
+        "firm10": dict(color="#f0ad4e", lw=1.6, ls="-"),
+        "redis": dict(color="#555555", lw=1.2, ls="--"),
+        "pgnotify": dict(color="#555555", lw=1.2, ls=":"),
+    }
+    refs = [c for c in contenders if c.kind in ("redis", "pgnotify")]
+    for ax, b in zip(axes[0], backends):
+        for c in [c for c in contenders if c.backend == b and c.kind in ("ours", "firm")] + refs:
+            samples: list[float] = []
+            for r in ok_runs(lat.get(c.key)):
+                samples.extend(r["latencies"])
+            if not samples:
+                continue
+            s = sorted(max(v, 0.01) for v in samples)
+            y = [(i + 1) / len(s) for i in range(len(s))]
+            sk = c.key.split("/")[0]
+            ax.step(s, y, where="post", label=f"{c.label} p50 {ms(pct(s, 50))} ms",
+                    **style[sk])
+        ax.set_xscale("log")
+        ax.set_title(BACKEND_LABEL[b])
+        ax.set_xlabel("cross-process latency, ms (log)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("share of messages delivered within")
+    fig.suptitle("Broadcast → callback in another process (all rounds pooled)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

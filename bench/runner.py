@@ -1,0 +1,418 @@
+"""Orchestration: which contenders, which measurements, in what (interleaved) order.
+
+Every measurement gets fresh worker processes and a freshly created table. Rounds are the outer
+loop and the contender order rotates each round, so slow drifts of a shared, noisy machine land
+on everyone alike; the report takes the median across rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from . import worker
+from .contenders import BACKENDS, Contender
+
+SCENARIOS = ("latency", "fanout", "sustained", "throughput", "idle")
+
+
+@dataclass
+class Config:
+    rounds: int = 3
+    lat_n: int = 300
+    gap_min: float = 0.002
+    gap_max: float = 0.006
+    fanout_subs: int = 4
+    fanout_n: int = 300
+    sustained_rate: float = 500.0
+    sustained_s: float = 10.0
+    sustained_rounds: int = 2
+    tp_n: int = 5000
+    many_batch: int = 100
+    idle_s: float = 10.0
+    drain_s: float = 5.0
+    quick: bool = False
+
+
+QUICK = Config(
+    rounds=1, lat_n=100, fanout_n=100, sustained_s=2.0, sustained_rounds=1, tp_n=500, idle_s=3.0,
+    drain_s=3.0, quick=True,
+)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- contenders --------------------------------------------------------------------------------
+
+
+def all_contenders() -> list[Contender]:
+    out: list[Contender] = []
+    for b in BACKENDS:
+        out.append(Contender(f"ours/{b}", "ours", b, "flask-firm-channel"))
+        out.append(Contender(f"firm100/{b}", "firm", b, "firm-channel 1.0.0 (0.1 s poll)", 0.1))
+        out.append(Contender(f"firm10/{b}", "firm", b, "firm-channel 1.0.0 (10 ms poll)", 0.01))
+    out.append(Contender("redis", "redis", "", "Redis pub/sub (redis-py)"))
+    out.append(Contender("pgnotify/postgres", "pgnotify", "postgres",
+                         "raw LISTEN/NOTIFY (psycopg)"))
+    for b in BACKENDS:
+        out.append(Contender(f"floor/{b}", "floor", b, "raw driver INSERT + COMMIT (floor)"))
+    return out
+
+
+def select(contenders: list[Contender], only: str | None) -> list[Contender]:
+    if not only:
+        return contenders
+    tokens = {t.strip() for t in only.split(",") if t.strip()}
+    aliases = {"pg": "postgres", "postgresql": "postgres", "mysql": "mariadb"}
+    tokens = {aliases.get(t, t) for t in tokens}
+    return [
+        c for c in contenders
+        if c.backend in tokens or c.kind in tokens or c.key in tokens
+        or (c.kind.startswith("firm") and "firm" in tokens)
+    ]
+
+
+def check_ours() -> str | None:
+    try:
+        from flask_firm_channel.engine import PubSub, Settings, message_table  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+# -- worker handles ----------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, ctx: Any, spec: dict[str, Any]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker.main, args=(spec, child), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        if not self.conn.poll(timeout):
+            raise BenchError(f"worker {self.proc.pid} did not answer within {timeout:.0f} s")
+        reply = self.conn.recv()
+        if "error" in reply:
+            raise BenchError(reply["error"] + "\n" + reply.get("trace", ""))
+        return reply
+
+    def call(self, cmd: tuple[Any, ...], timeout: float = 30.0) -> dict[str, Any]:
+        self.conn.send(cmd)
+        return self.recv(timeout)
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.call(("close",), 10)
+        except Exception:  # noqa: BLE001, S110 — falls through to terminate
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(3)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(3)
+        self.conn.close()
+
+
+class Fleet:
+    """Workers for one measurement, started together and always closed."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.workers: list[Worker] = []
+
+    def spawn(self, spec: dict[str, Any], n: int = 1) -> list[Worker]:
+        ws = [Worker(self.ctx, spec) for _ in range(n)]
+        self.workers.extend(ws)
+        return ws
+
+    def ready(self, timeout: float = 60.0) -> None:
+        for w in self.workers:
+            w.recv(timeout)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers = []
+
+
+def chan(scenario: str, rnd: int, c: Contender) -> str:
+    # Valid as a PostgreSQL identifier too (raw LISTEN uses it as one).
+    return f"bench_{scenario}_{rnd}_{c.serial}"
+
+
+# -- measurements ------------------------------------------------------------------------------
+
+
+def measure_delivery(
+    ctx: Any, c: Contender, cfg: Config, channel: str, subs: int, n: int,
+    rate: float | None, max_seconds: float,
+) -> dict[str, Any]:
+    """Broadcaster process sends ``n`` messages to ``subs`` subscriber processes."""
+    fleet = Fleet(ctx)
+    c.setup()
+    try:
+        sub_ws = fleet.spawn(c.spec, subs)
+        (pub,) = fleet.spawn(c.spec)
+        fleet.ready()
+        for w in sub_ws:
+            w.call(("subscribe", channel))
+        time.sleep(0.3)  # let every listener thread reach its loop
+        for w in sub_ws:
+            w.call(("mark",))
+        sent = pub.call(
+            ("send", channel, n, cfg.gap_min, cfg.gap_max, rate, max_seconds), max_seconds + 60
+        )
+        per_sub = [
+            w.call(("collect", sent["sent"], cfg.drain_s), cfg.drain_s + 30) for w in sub_ws
+        ]
+    finally:
+        fleet.close()
+        c.teardown()
+    lat: list[float] = []
+    for r in per_sub:
+        lat.extend(r["latencies"])
+    return {
+        "sent": sent["sent"], "send_errors": sent["errors"], "send_elapsed": sent["elapsed"],
+        "subs": subs, "delivered": sum(r["delivered"] for r in per_sub),
+        "dups": sum(r["dups"] for r in per_sub), "foreign": sum(r["foreign"] for r in per_sub),
+        "latencies": lat, "per_sub": [{k: v for k, v in r.items() if k != "latencies"}
+                                      for r in per_sub],
+    }
+
+
+def measure_throughput(ctx: Any, c: Contender, cfg: Config, channel: str) -> dict[str, Any]:
+    fleet = Fleet(ctx)
+    c.setup()
+    try:
+        (pub,) = fleet.spawn(c.spec)
+        fleet.ready()
+        out: dict[str, Any] = {"single": pub.call(("throughput", channel, cfg.tp_n, 120), 200)}
+        if c.has_many:
+            out["many"] = pub.call(("many", channel, cfg.tp_n, cfg.many_batch, 120), 200)
+    finally:
+        fleet.close()
+        c.teardown()
+    return out
+
+
+def measure_idle(ctx: Any, cs: list[Contender], cfg: Config, rnd: int) -> dict[str, Any]:
+    """All subscribed processes idle together for ``idle_s``; then one message each, in turn."""
+    out: dict[str, Any] = {}
+    fleets: dict[str, tuple[Fleet, Worker, Worker]] = {}
+    try:
+        for c in cs:
+            try:
+                c.setup()
+                f = Fleet(ctx)
+                sub, pub = f.spawn(c.spec)[0], f.spawn(c.spec)[0]
+                fleets[c.key] = (f, sub, pub)
+            except Exception as exc:  # noqa: BLE001
+                out[c.key] = {"error": str(exc)}
+        for c in cs:
+            if c.key not in fleets:
+                continue
+            f, sub, pub = fleets[c.key]
+            try:
+                f.ready()
+                sub.call(("subscribe", chan("idle", rnd, c)))
+            except Exception as exc:  # noqa: BLE001
+                out[c.key] = {"error": str(exc)}
+                f.close()
+                del fleets[c.key]
+        time.sleep(1.0)
+        for key, (_, sub, _) in fleets.items():
+            sub.call(("mark",))
+        time.sleep(cfg.idle_s)
+        for key, (_, sub, _) in fleets.items():
+            out[key] = {"idle": sub.call(("collect", 0, 0), 30)}
+        for c in cs:
+            if c.key not in fleets:
+                continue
+            _, sub, pub = fleets[c.key]
+            try:
+                sub.call(("mark",))
+                pub.call(("send", chan("idle", rnd, c), 1, 0, 0, None, 10), 30)
+                first = sub.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
+                out[c.key]["first"] = first
+            except Exception as exc:  # noqa: BLE001
+                out[c.key]["error"] = str(exc)
+            time.sleep(0.2)
+    finally:
+        for c in cs:
+            if c.key in fleets:
+                fleets[c.key][0].close()
+                try:
+                    c.teardown()
+                except Exception as exc:  # noqa: BLE001
+                    log(f"  teardown {c.key}: {exc}")
+    return out
+
+
+def summarize(scenario: str, r: dict[str, Any]) -> str:
+    from .stats import pct
+
+    if "error" in r:
+        return "ERROR " + r["error"].splitlines()[0][:200]
+    if scenario in ("latency", "fanout", "sustained"):
+        lat = r["latencies"]
+        s = (f"{r['delivered']}/{r['sent'] * r['subs']} dup={r['dups']} "
+             f"p50={pct(lat, 50):.2f} p99={pct(lat, 99):.2f} ms")
+        if scenario == "sustained":
+            ps = r["per_sub"][0]
+            s += f" rate={r['sent'] / max(r['send_elapsed'], 1e-9):.0f}/s"
+            s += f" cpu={100 * ps['cpu_s'] / max(ps['wall_s'], 1e-9):.1f}%"
+        return s
+    if scenario == "throughput":
+        s = f"{r['single']['rate']:.0f}/s"
+        if "many" in r:
+            s += f" many={r['many']['rate']:.0f}/s"
+        return s
+    return ""
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="flask-firm-channel vs firm-channel 1.0.0, Redis, LISTEN/NOTIFY, raw floor.",
+    )
+    p.add_argument("--quick", action="store_true", help="small counts, one round (< 2 min)")
+    p.add_argument("--only", help="comma list of backends/kinds/keys: sqlite,postgres,mariadb,"
+                   "ours,firm,firm100,firm10,redis,pgnotify,floor")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma list of {','.join(SCENARIOS)}")
+    p.add_argument("--rounds", type=int, help="rounds per measurement (median is reported)")
+    p.add_argument("--out", default="docs", help="where benchmarks.md and latency.png go")
+    p.add_argument("--no-write", action="store_true", help="print only; write no docs")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = QUICK if args.quick else Config()
+    if args.rounds:
+        cfg.rounds = args.rounds
+        cfg.sustained_rounds = min(cfg.sustained_rounds, args.rounds)
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+
+    contenders = select(all_contenders(), args.only)
+    notes: list[str] = []
+    ours_problem = check_ours()
+    if ours_problem and any(c.kind == "ours" for c in contenders):
+        notes.append(f"flask-firm-channel could not be imported ({ours_problem}); not measured.")
+        log("WARNING: " + notes[-1])
+        contenders = [c for c in contenders if c.kind != "ours"]
+    if not contenders:
+        raise SystemExit("nothing selected")
+
+    ctx = mp.get_context("spawn")
+    started = time.time()
+    tmp = tempfile.TemporaryDirectory(prefix="bench-fc-")
+    for i, c in enumerate(contenders):
+        c.prepare(tmp.name, i)
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in scenarios}
+
+    def record(scenario: str, c: Contender, fn: Any) -> None:
+        t0 = time.monotonic()
+        try:
+            r = fn()
+        except Exception as exc:  # noqa: BLE001 — one failure never stops the run
+            r = {"error": f"{type(exc).__name__}: {exc}"}
+            traceback.print_exc()
+        results[scenario].setdefault(c.key, []).append(r)
+        log(f"  {scenario:<10} {c.key:<18} {summarize(scenario, r)}  "
+            f"[{time.monotonic() - t0:.1f} s]")
+
+    subscribable = [c for c in contenders if c.can_subscribe]
+    # firm-channel's publish path does not depend on its polling interval: measure it once.
+    publishers = [c for c in contenders if not (c.kind == "firm" and c.interval != 0.1)]
+    try:
+        for rnd in range(cfg.rounds):
+            def rotated(cs: list[Contender], r: int = rnd) -> list[Contender]:
+                k = r % len(cs) if cs else 0
+                return cs[k:] + cs[:k]
+
+            log(f"round {rnd + 1}/{cfg.rounds}  ({time.time() - started:.0f} s elapsed)")
+            if "latency" in scenarios:
+                for c in rotated(subscribable):
+                    record("latency", c, lambda c=c: measure_delivery(
+                        ctx, c, cfg, chan("lat", rnd, c), 1, cfg.lat_n, None, 60))
+            if "fanout" in scenarios:
+                for c in rotated(subscribable):
+                    record("fanout", c, lambda c=c: measure_delivery(
+                        ctx, c, cfg, chan("fan", rnd, c), cfg.fanout_subs, cfg.fanout_n, None,
+                        60))
+            if "sustained" in scenarios and rnd < cfg.sustained_rounds:
+                n = int(cfg.sustained_rate * cfg.sustained_s)
+                for c in rotated(subscribable):
+                    record("sustained", c, lambda c=c: measure_delivery(
+                        ctx, c, cfg, chan("sus", rnd, c), 1, n, cfg.sustained_rate,
+                        cfg.sustained_s * 1.5))
+            if "throughput" in scenarios:
+                for c in rotated(publishers):
+                    record("throughput", c, lambda c=c: measure_throughput(
+                        ctx, c, cfg, chan("tp", rnd, c)))
+            if "idle" in scenarios and subscribable:
+                t0 = time.monotonic()
+                res = measure_idle(ctx, rotated(subscribable), cfg, rnd)
+                for key, r in res.items():
+                    results["idle"].setdefault(key, []).append(r)
+                log(f"  idle       {len(res)} contenders together "
+                    f"[{time.monotonic() - t0:.1f} s]")
+    except KeyboardInterrupt:
+        notes.append("The run was interrupted; tables show the rounds that finished.")
+        log("interrupted: reporting what finished")
+    finally:
+        for c in contenders:
+            try:
+                c.finish()
+            except Exception as exc:  # noqa: BLE001
+                log(f"cleanup {c.key}: {exc}")
+        tmp.cleanup()
+
+    elapsed = time.time() - started
+    from . import report
+
+    meta = report.machine_info()
+    meta.update({"elapsed_s": elapsed, "quick": cfg.quick, "rounds": cfg.rounds,
+                 "config": cfg.__dict__, "argv": sys.argv[1:] if argv is None else argv,
+                 "notes": notes})
+    os.makedirs("bench/results", exist_ok=True)
+    raw_path = time.strftime("bench/results/run-%Y%m%d-%H%M%S.json")
+    with open(raw_path, "w") as fh:
+        json.dump({"meta": meta, "results": results,
+                   "contenders": [c.__dict__ for c in contenders]}, fh)
+    md = report.render(contenders, results, meta, cfg)
+    print(md)
+    if not args.no_write:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "benchmarks.md"), "w") as fh:
+            fh.write(md)
+        report.plot(contenders, results, os.path.join(args.out, "latency.png"))
+        log(f"wrote {args.out}/benchmarks.md and {args.out}/latency.png; raw data {raw_path}")
+    log(f"total {elapsed:.0f} s")
+    return 0

@@ -1,0 +1,28 @@
+"""flask-firm-channel: real-time publish/subscribe for Flask through the app's own database.
+
+.. code-block:: python
+
+    from flask_firm_channel import FirmChannel
+
+    firm_channel = FirmChannel(app)
+    firm_channel.subscribe("room:42", lambda payload: print(payload))
+    firm_channel.broadcast("room:42", b'{"msg": "hi"}')
+"""
+
+from __future__ import annotations
+
+from .engine import ListenerHealth, PubSub, Settings, Subscription, channel_hash, message_table
+from .extension import FirmChannel
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FirmChannel",
+    "ListenerHealth",
+    "PubSub",
+    "Settings",
+    "Subscription",
+    "channel_hash",
+    "message_table",
+    "__version__",
+]

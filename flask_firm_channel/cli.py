@@ -1,0 +1,174 @@
+"""``flask firm-channel``: create the table, broadcast, tail, stats and trim from a shell."""
+
+from __future__ import annotations
+
+import queue
+import re
+import time
+from datetime import timedelta
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+from sqlalchemy import inspect
+
+from .engine.stats import channel_stats, table_stats
+
+firm_channel_cli = AppGroup(
+    "firm-channel", help="Database-backed pub/sub: table, trim, tail, stats."
+)
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(value: str) -> timedelta:
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` or ``1w`` as a timedelta."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value)
+    if not match:
+        raise click.BadParameter(
+            f"{value!r} is not a duration; use seconds or a number with s, m, h, d or w (e.g. 12h)"
+        )
+    number, unit = match.groups()
+    return timedelta(seconds=float(number) * _UNITS[unit or "s"])
+
+
+class _Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value: object, param: object, ctx: object) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        return parse_duration(str(value))
+
+
+def _state():  # type: ignore[no-untyped-def]
+    from .extension import FirmChannel
+
+    return FirmChannel.state(current_app._get_current_object())
+
+
+def _pubsub():  # type: ignore[no-untyped-def]
+    app = current_app._get_current_object()
+    return _state().pubsub(app)
+
+
+def _format(payload: bytes, as_hex: bool) -> str:
+    if as_hex:
+        return payload.hex()
+    return payload.decode("utf-8", errors="backslashreplace")
+
+
+@firm_channel_cli.command("create-table")
+def create_table() -> None:
+    """Create the message table (and its indexes) if it does not exist."""
+    pubsub = _pubsub()
+    name = pubsub.table.name
+    if inspect(pubsub.engine).has_table(name):
+        click.echo(f"Table {name} already exists.")
+        return
+    pubsub.table.create(pubsub.engine, checkfirst=True)
+    click.echo(f"Created table {name}.")
+
+
+@firm_channel_cli.command("broadcast")
+@click.argument("channel")
+@click.argument("payload")
+def broadcast(channel: str, payload: str) -> None:
+    """Broadcast PAYLOAD (text) on CHANNEL and print the message id."""
+    try:
+        msg_id = _pubsub().broadcast(channel, payload)
+    except (TypeError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(msg_id)
+
+
+@firm_channel_cli.command("tail")
+@click.argument("channel", nargs=-1, required=True)
+@click.option("--count", type=click.IntRange(min=1), help="Exit after this many messages.")
+@click.option("--timeout", type=_Duration(), help="Exit after this long (e.g. 30s).")
+@click.option("--hex", "as_hex", is_flag=True, help="Print payloads as hex instead of text.")
+def tail(
+    channel: tuple[str, ...], count: int | None, timeout: timedelta | None, as_hex: bool
+) -> None:
+    """Print messages on CHANNEL(s) as they arrive, until Ctrl-C."""
+    pubsub = _pubsub()
+    received: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+    subs = []
+    for name in channel:
+        try:
+            subs.append(pubsub.subscribe(name, lambda p, n=name: received.put((n, p))))
+        except (TypeError, ValueError) as exc:
+            raise click.UsageError(str(exc)) from None
+    pubsub.start()
+    click.echo(f"Listening on {', '.join(channel)} (Ctrl-C to stop)", err=True)
+    deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+    shown = 0
+    try:
+        while count is None or shown < count:
+            wait = 0.5 if deadline is None else deadline - time.monotonic()
+            if wait <= 0:
+                break
+            try:
+                name, payload = received.get(timeout=min(wait, 0.5))
+            except queue.Empty:
+                continue
+            prefix = f"{name}\t" if len(channel) > 1 else ""
+            click.echo(prefix + _format(payload, as_hex))
+            shown += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sub in subs:
+            sub.unsubscribe()
+        pubsub.close()
+
+
+@firm_channel_cli.command("stats")
+@click.option(
+    "--channels", "limit", default=10, show_default=True, help="Busiest channels to list."
+)
+def stats(limit: int) -> None:
+    """Show message counts, sizes, ages and the busiest channels."""
+    pubsub = _pubsub()
+    with pubsub.engine.connect() as conn:
+        summary = table_stats(conn, pubsub.table, pubsub.trimmer.cutoff())
+        top = channel_stats(conn, pubsub.table, limit) if summary.messages else []
+    retention = timedelta(seconds=pubsub.settings.message_retention)
+    click.echo(f"table:      {pubsub.table.name}")
+    click.echo(f"messages:   {summary.messages}")
+    click.echo(f"payloads:   {summary.payload_bytes} bytes")
+    click.echo(f"oldest:     {summary.oldest or '-'}")
+    click.echo(f"newest:     {summary.newest or '-'}")
+    click.echo(f"last id:    {summary.max_id if summary.max_id is not None else '-'}")
+    click.echo(f"retention:  {retention}")
+    click.echo(f"trimmable:  {summary.trimmable}")
+    if top:
+        click.echo("")
+        click.echo(f"{'messages':>10}  {'bytes':>12}  {'last activity':<26}  channel")
+        for row in top:
+            click.echo(
+                f"{row.messages:>10}  {row.payload_bytes:>12}  {str(row.last_activity):<26}  "
+                f"{_format(row.channel, False)}"
+            )
+
+
+@firm_channel_cli.command("trim")
+@click.option(
+    "--older-than", type=_Duration(), help="Age to trim (e.g. 12h); default: the retention."
+)
+@click.option("--batch-size", type=click.IntRange(min=1), help="Rows per delete transaction.")
+@click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
+def trim(older_than: timedelta | None, batch_size: int | None, dry_run: bool) -> None:
+    """Delete every message older than the retention (or --older-than), batch by batch."""
+    pubsub = _pubsub()
+    age = (
+        older_than
+        if older_than is not None
+        else timedelta(seconds=pubsub.settings.message_retention)
+    )
+    count = pubsub.trim(age, batch_size=batch_size, dry_run=dry_run)
+    noun = "message" if count == 1 else "messages"
+    if dry_run:
+        click.echo(f"Would delete {count} {noun} older than {age}.")
+    else:
+        click.echo(f"Deleted {count} {noun} older than {age}.")

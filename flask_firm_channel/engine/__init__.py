@@ -1,0 +1,20 @@
+"""The core engine: database-backed publish/subscribe on a SQLAlchemy engine, without Flask."""
+
+from __future__ import annotations
+
+from .listener import ListenerHealth
+from .pubsub import PubSub
+from .settings import Settings
+from .subscriptions import Subscription
+from .table import DEFAULT_TABLE_NAME, MAX_CHANNEL_BYTES, channel_hash, message_table
+
+__all__ = [
+    "DEFAULT_TABLE_NAME",
+    "MAX_CHANNEL_BYTES",
+    "ListenerHealth",
+    "PubSub",
+    "Settings",
+    "Subscription",
+    "channel_hash",
+    "message_table",
+]

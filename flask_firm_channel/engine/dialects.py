@@ -1,0 +1,202 @@
+"""The one seam for database differences: SQLite, PostgreSQL and MySQL/MariaDB.
+
+Everything that varies by backend lives here: engine set-up, the broadcast statement (with a
+``NOTIFY`` on PostgreSQL), how a trim batch is claimed, and which wake hint the listener uses.
+The listener and trimmer call these methods and never look at the dialect name themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    Table,
+    Text,
+    bindparam,
+    cast,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+)
+from sqlalchemy.sql.dml import Insert
+
+#: Names of the values a broadcast statement binds, in the order the columns are listed.
+INSERT_PARAMS = ("p_channel", "p_payload", "p_channel_hash", "p_created_at")
+
+
+class Dialect:
+    """Behaviour shared by every backend; subclasses override what differs."""
+
+    name = "generic"
+    #: Which wake hint fits this backend: ``data_version``, ``notify``, ``adaptive`` or ``poll``.
+    wake_kind = "adaptive"
+    #: Commit order equals id order (no out-of-order commits can occur).
+    serial_commits = False
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def configure_engine(self, *, sqlite_wal: bool) -> None:
+        """Adjust the engine once, before first use (SQLite pragmas)."""
+
+    def insert_statement(self, table: Table, *, notify: bool) -> Insert | Select[Any]:
+        """The broadcast statement. It binds :data:`INSERT_PARAMS` and, if it is a SELECT,
+        returns the new id as its first column."""
+        return insert(table).values(
+            channel=bindparam("p_channel"),
+            payload=bindparam("p_payload"),
+            channel_hash=bindparam("p_channel_hash"),
+            created_at=bindparam("p_created_at"),
+        )
+
+    def returns_id(self, *, notify: bool) -> bool:
+        """Whether :meth:`insert_statement` yields the id as a row (else ``lastrowid``)."""
+        return False
+
+    def notify_params(self, table: Table) -> dict[str, Any]:
+        return {}
+
+    @contextmanager
+    def trim_transaction(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
+        """Make a batch-claiming SELECT skip rows another trimmer holds."""
+        return stmt
+
+    def trim_batch(self, table: Table, cutoff: datetime, batch_size: int) -> int:
+        """Delete one batch of rows created before ``cutoff``; return how many went."""
+        with self.trim_transaction() as conn:
+            claim = self.lock_for_trim(
+                select(table.c.id)
+                .where(table.c.created_at < cutoff)
+                .order_by(table.c.id)
+                .limit(batch_size)
+            )
+            ids = list(conn.execute(claim).scalars())
+            if not ids:
+                return 0
+            result = conn.execute(delete(table).where(table.c.id.in_(ids)))
+            return int(result.rowcount)
+
+    def memory_database(self) -> bool:
+        return False
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    wake_kind = "data_version"
+    # SQLite has one writer at a time and the id is taken inside its write transaction.
+    serial_commits = True
+
+    def configure_engine(self, *, sqlite_wal: bool) -> None:
+        if not sqlite_wal or self.memory_database():
+            return
+        if not event.contains(self.engine, "connect", _sqlite_wal_on_connect):
+            event.listen(self.engine, "connect", _sqlite_wal_on_connect)
+            # Connections already in the pool missed the event; WAL is a property of the
+            # database file, so setting it once through any connection is enough for it.
+            with self.engine.connect() as conn:
+                dbapi = conn.connection.driver_connection
+                _sqlite_wal_on_connect(dbapi, None)
+
+    @contextmanager
+    def trim_transaction(self) -> Iterator[Connection]:
+        # BEGIN IMMEDIATE takes the write lock up front, so two trimmers queue on the busy
+        # timeout instead of one failing when its read lock cannot be upgraded.
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+            conn.exec_driver_sql("COMMIT")
+
+    def memory_database(self) -> bool:
+        database = self.engine.url.database or ""
+        return database in ("", ":memory:") or "mode=memory" in str(self.engine.url)
+
+
+class PostgreSQLDialect(Dialect):
+    name = "postgresql"
+    wake_kind = "notify"
+
+    def insert_statement(self, table: Table, *, notify: bool) -> Insert | Select[Any]:
+        ins = super().insert_statement(table, notify=notify)
+        assert isinstance(ins, Insert)
+        if not notify:
+            return ins.returning(table.c.id)
+        # One round trip: the NOTIFY is queued inside the broadcasting transaction, so it fires
+        # at COMMIT (and never on rollback). It carries only the channel hash, which lets a
+        # listener ignore traffic on channels it does not follow.
+        inserted = ins.returning(table.c.id, table.c.channel_hash).cte("firm_channel_insert")
+        return select(
+            inserted.c.id,
+            func.pg_notify(bindparam("p_notify", type_=Text), cast(inserted.c.channel_hash, Text)),
+        )
+
+    def returns_id(self, *, notify: bool) -> bool:
+        return True
+
+    def notify_params(self, table: Table) -> dict[str, Any]:
+        return {"p_notify": notify_channel_name(table.name)}
+
+    def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
+        return stmt.with_for_update(skip_locked=True)
+
+
+class MySQLDialect(Dialect):
+    name = "mysql"
+    wake_kind = "adaptive"
+
+    def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
+        if self.supports_skip_locked():
+            return stmt.with_for_update(skip_locked=True)
+        return stmt.with_for_update()
+
+    def supports_skip_locked(self) -> bool:
+        version = self.engine.dialect.server_version_info or (0,)
+        if getattr(self.engine.dialect, "is_mariadb", False):
+            return tuple(version[:2]) >= (10, 6)
+        return tuple(version[:3]) >= (8, 0, 1)
+
+
+def dialect_for(engine: Engine) -> Dialect:
+    """The :class:`Dialect` for ``engine``; unknown backends get the generic polling one."""
+    name = engine.dialect.name
+    if name == "sqlite":
+        return SQLiteDialect(engine)
+    if name == "postgresql":
+        return PostgreSQLDialect(engine)
+    if name in ("mysql", "mariadb"):
+        return MySQLDialect(engine)
+    return Dialect(engine)
+
+
+def notify_channel_name(table_name: str) -> str:
+    """The PostgreSQL NOTIFY channel for a table: short enough for a 63-byte identifier."""
+    name = f"firm_channel_{table_name}"
+    if len(name.encode()) <= 63:
+        return name
+    return "firm_channel_" + hashlib.sha256(table_name.encode()).hexdigest()[:40]
+
+
+def _sqlite_wal_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cursor.close()

@@ -1,0 +1,360 @@
+"""The listener: one thread per process that finds new rows and hands them to subscribers.
+
+PostgreSQL and MySQL assign ids at INSERT but rows become visible at COMMIT, so id 41 can
+appear after id 42. A plain "max id seen" watermark would skip 41 forever. Instead the
+listener keeps a *high-water mark* (the largest id it has read) and a short list of *gaps*:
+id ranges below it that it has not seen yet. Each poll reads only ``id > high_water`` plus the
+gaps, so a delivered message costs about one row read, never the whole commit-grace window.
+
+A gap closes when its ids turn up (late commits are delivered then), when they turn out to be
+rows of channels this process does not follow, or when the row that revealed it is older than
+``commit_grace``: everything allocated before it has either committed or broken the one bounded
+assumption of the design. SQLite serialises writers, so there commit order is id order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Row, Table, and_, func, or_, select
+
+from .settings import Settings
+from .subscriptions import Snapshot, SubscriptionRegistry
+from .wake import WakeHint
+
+log = logging.getLogger("flask_firm_channel")
+
+#: More open gaps than this are looked up in two steps (ids first) to keep the SQL small.
+MAX_GAP_TERMS = 64
+#: How often an idle listener checks whether the table went backwards (emptied, restored).
+RESET_CHECK_INTERVAL = 1.0
+
+
+@dataclass
+class ListenerHealth:
+    """What the listener has been doing; a copy is returned by ``PubSub.health()``."""
+
+    running: bool = False
+    wake_mode: str = "poll"
+    wake_healthy: bool = True
+    wakes: int = 0
+    polls: int = 0
+    rows_read: int = 0
+    delivered: int = 0
+    subscriber_errors: int = 0
+    errors: int = 0
+    restarts: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+    last_poll_at: float | None = None
+    #: Seconds from a message's ``created_at`` to its dispatch, for the latest message.
+    lag: float | None = None
+    high_water: int | None = None
+    open_gaps: int = 0
+    resets: int = 0
+
+
+@dataclass
+class _Gap:
+    start: int
+    end: int
+    #: ``created_at`` (epoch seconds) of the row that revealed the gap: every id in it was
+    #: allocated before that row was inserted.
+    revealed_at: float
+
+
+def _epoch(created_at: datetime) -> float:
+    return created_at.replace(tzinfo=timezone.utc).timestamp()
+
+
+class Listener:
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table,
+        settings: Settings,
+        registry: SubscriptionRegistry,
+        hint: WakeHint,
+    ) -> None:
+        self._engine = engine
+        self._table = table
+        self._settings = settings
+        self._registry = registry
+        self._hint = hint
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._conn: Connection | None = None
+        self._high_water: int | None = None
+        self._gaps: list[_Gap] = []
+        self._not_before: datetime | None = None
+        self._newest_seen: datetime | None = None
+        self._last_reset_check = 0.0
+        self._health = ListenerHealth(wake_mode=hint.mode)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="firm-channel-listener", daemon=True)
+        self._health.running = True
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Poll now (a broadcast in this process, a subscription change, a hint)."""
+        self._wake.set()
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._hint.close()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._health.running = False
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def health(self) -> ListenerHealth:
+        hint = self._hint.health()
+        return dataclasses.replace(
+            self._health,
+            wake_mode=hint.mode,
+            wake_healthy=hint.healthy,
+            wakes=hint.wakes,
+            high_water=self._high_water,
+            open_gaps=len(self._gaps),
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._hint.open()
+        backoff = 0.0
+        next_safety_poll = 0.0
+        while not self._stopping:
+            try:
+                timeout = max(
+                    0.0, min(self._hint.next_timeout(), next_safety_poll - time.monotonic())
+                )
+                signalled = self._wake.wait(timeout)
+                if self._stopping:
+                    break
+                self._wake.clear()
+                due = signalled or self._hint.check() or time.monotonic() >= next_safety_poll
+                if due:
+                    rows = self.poll()
+                    self._hint.activity(rows)
+                    pace = (
+                        self._settings.safety_interval
+                        if self._hint.healthy and self._hint.mode != "poll"
+                        else self._settings.polling_interval
+                    )
+                    next_safety_poll = time.monotonic() + pace
+                backoff = 0.0
+            except Exception as exc:
+                self._health.errors += 1
+                self._health.last_error = f"{type(exc).__name__}: {exc}"
+                self._health.last_error_at = time.time()
+                backoff = min(max(backoff * 2, 0.05), 5.0)
+                log.exception("firm-channel listener poll failed; retrying in %.2fs", backoff)
+                self._drop_connection()
+                self._wake.wait(backoff)
+                if not self._stopping:
+                    self._health.restarts += 1
+        self._drop_connection()
+
+    def _connection(self) -> Connection:
+        if self._conn is None:
+            # Autocommit: every SELECT sees what has been committed by then, and no read
+            # transaction is left open between polls (which would stall SQLite checkpoints).
+            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - the connection is already broken
+                pass
+
+    # -- one poll -------------------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Read and dispatch what is new; return the number of rows read."""
+        snap = self._registry.snapshot()
+        self._health.last_poll_at = time.time()
+        if not snap.hashes:
+            return 0
+        conn = self._connection()
+        if self._high_water is None or snap.pending():
+            self._anchor(conn, snap)
+        assert self._high_water is not None
+        self._expire_gaps()
+        rows = self._read_new(conn, snap)
+        self._health.polls += 1
+        self._health.rows_read += len(rows)
+        first_new_gap = len(self._gaps)
+        for row in rows:
+            self._accept(row, snap)
+        if len(self._gaps) > first_new_gap:
+            self._close_foreign_gaps(conn, snap, self._gaps[first_new_gap:])
+        if not rows:
+            self._check_for_reset(conn)
+        return len(rows)
+
+    def _anchor(self, conn: Connection, snap: Snapshot) -> None:
+        max_id = int(conn.execute(select(func.max(self._table.c.id))).scalar() or 0)
+        for sub in snap.pending():
+            sub.anchor = max_id
+        if self._high_water is None:
+            # Start below the oldest anchor, so a subscription made before this listener
+            # existed (for instance in a gunicorn master before the fork) loses nothing.
+            anchors = [s.anchor for subs in snap.by_channel.values() for s in subs]
+            self._high_water = min([a for a in anchors if a is not None] + [max_id])
+
+    def _read_new(self, conn: Connection, snap: Snapshot) -> list[Row[Any]]:
+        t = self._table
+        assert self._high_water is not None
+        wanted = t.c.id > self._high_water
+        if self._gaps and len(self._gaps) <= MAX_GAP_TERMS:
+            wanted = or_(wanted, *(t.c.id.between(g.start, g.end) for g in self._gaps))
+        elif self._gaps:
+            late = self._late_ids(conn, snap)
+            if late:
+                wanted = or_(wanted, t.c.id.in_(late))
+        stmt = (
+            select(t.c.id, t.c.channel, t.c.payload, t.c.created_at)
+            .where(t.c.channel_hash.in_(snap.hashes), wanted)
+            .order_by(t.c.id)
+        )
+        return list(conn.execute(stmt))
+
+    def _late_ids(self, conn: Connection, snap: Snapshot) -> list[int]:
+        t = self._table
+        span = t.c.id.between(self._gaps[0].start, self._gaps[-1].end)
+        ids = [
+            int(i)
+            for (i,) in conn.execute(select(t.c.id).where(t.c.channel_hash.in_(snap.hashes), span))
+        ]
+        self._health.rows_read += len(ids)
+        starts = [g.start for g in self._gaps]
+        late = []
+        for i in ids:
+            k = bisect.bisect_right(starts, i) - 1
+            if k >= 0 and i <= self._gaps[k].end:
+                late.append(i)
+        return late
+
+    def _accept(self, row: Row[Any], snap: Snapshot) -> None:
+        msg_id = int(row.id)
+        created_at: datetime = row.created_at
+        assert self._high_water is not None
+        if msg_id > self._high_water:
+            if msg_id > self._high_water + 1:
+                self._gaps.append(_Gap(self._high_water + 1, msg_id - 1, _epoch(created_at)))
+            self._high_water = msg_id
+        else:
+            self._remove_from_gaps([msg_id])
+        if self._newest_seen is None or created_at > self._newest_seen:
+            self._newest_seen = created_at
+        if self._not_before is not None and created_at <= self._not_before:
+            return
+        self._dispatch(msg_id, bytes(row.channel), bytes(row.payload), created_at, snap)
+
+    def _dispatch(
+        self, msg_id: int, channel: bytes, payload: bytes, created_at: datetime, snap: Snapshot
+    ) -> None:
+        subs = snap.by_channel.get(channel)
+        if not subs:
+            return  # a channel_hash collision, or a channel unsubscribed since the snapshot
+        for sub in subs:
+            if not sub.active or sub.anchor is None or msg_id <= sub.anchor:
+                continue
+            try:
+                sub.callback(payload)
+            except Exception:
+                self._health.subscriber_errors += 1
+                log.exception(
+                    "firm-channel subscriber %r failed on channel %r, message %d",
+                    sub.callback,
+                    channel,
+                    msg_id,
+                )
+            self._health.delivered += 1
+        self._health.lag = time.time() - _epoch(created_at)
+
+    # -- gaps -----------------------------------------------------------------------------
+
+    def _expire_gaps(self) -> None:
+        if not self._gaps:
+            return
+        settled = time.time() - self._settings.commit_grace
+        self._gaps = [g for g in self._gaps if g.revealed_at > settled]
+
+    def _remove_from_gaps(self, ids: list[int]) -> None:
+        """Cut the given ids out of the gap list (they were seen, or are not ours)."""
+        points = sorted(set(ids))
+        result: list[_Gap] = []
+        for gap in self._gaps:
+            lo = bisect.bisect_left(points, gap.start)
+            hi = bisect.bisect_right(points, gap.end)
+            start = gap.start
+            for p in points[lo:hi]:
+                if p > start:
+                    result.append(_Gap(start, p - 1, gap.revealed_at))
+                start = p + 1
+            if start <= gap.end:
+                result.append(_Gap(start, gap.end, gap.revealed_at))
+        self._gaps = result
+
+    def _close_foreign_gaps(self, conn: Connection, snap: Snapshot, new: list[_Gap]) -> None:
+        """Ids in fresh gaps that belong to channels we do not follow are settled for good:
+        a committed row never changes channel. Reading them once keeps the gap list short."""
+        t = self._table
+        span = or_(*(t.c.id.between(g.start, g.end) for g in new[:MAX_GAP_TERMS]))
+        if len(new) > MAX_GAP_TERMS:
+            span = t.c.id.between(new[0].start, new[-1].end)
+        stmt = select(t.c.id).where(and_(span, t.c.channel_hash.not_in(snap.hashes)))
+        foreign = [int(i) for (i,) in conn.execute(stmt)]
+        self._health.rows_read += len(foreign)
+        if foreign:
+            self._remove_from_gaps(foreign)
+
+    # -- the table going backwards ----------------------------------------------------------
+
+    def _check_for_reset(self, conn: Connection) -> None:
+        now = time.monotonic()
+        if now - self._last_reset_check < RESET_CHECK_INTERVAL:
+            return
+        self._last_reset_check = now
+        max_id = conn.execute(select(func.max(self._table.c.id))).scalar()
+        assert self._high_water is not None
+        if max_id is None or int(max_id) >= self._high_water:
+            return
+        # Ids were reset (TRUNCATE, a restore, a recreated table): new rows will have ids we
+        # have already passed. Start again from zero, delivering only rows newer than anything
+        # already seen, so restored history is not replayed.
+        log.warning(
+            "firm-channel table %s went backwards (max id %s < %s); re-anchoring",
+            self._table.name,
+            max_id,
+            self._high_water,
+        )
+        self._health.resets += 1
+        self._high_water = 0
+        self._gaps = []
+        self._not_before = self._newest_seen
+        for subs in self._registry.snapshot().by_channel.values():
+            for sub in subs:
+                sub.anchor = 0
+        self._wake.set()

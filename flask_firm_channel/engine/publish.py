@@ -1,0 +1,99 @@
+"""The publish path: one INSERT (plus the PostgreSQL NOTIFY, in the same statement) and a
+COMMIT. The statement is compiled once by SQLAlchemy and executed on the driver's cursor,
+so a broadcast does no per-call compilation or ORM work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table
+
+from .dialects import INSERT_PARAMS, Dialect
+from .table import channel_hash
+from .trim import utcnow
+
+Row = tuple[bytes, bytes]
+
+
+class Publisher:
+    def __init__(self, engine: Engine, dialect: Dialect, table: Table, *, notify: bool) -> None:
+        notify = notify and dialect.wake_kind == "notify"
+        self._engine = engine
+        self._statement = dialect.insert_statement(table, notify=notify)
+        self._returns_id = dialect.returns_id(notify=notify)
+        self._extra = dialect.notify_params(table) if notify else {}
+        compiled = self._statement.compile(dialect=engine.dialect)
+        self._sql = str(compiled)
+        self._order: list[str] | None = (
+            list(compiled.positiontup or []) if compiled.positional else None
+        )
+        columns = dict(
+            zip(INSERT_PARAMS, ("channel", "payload", "channel_hash", "created_at"), strict=True)
+        )
+        self._processors: dict[str, Callable[[Any], Any]] = {}
+        for param, column in columns.items():
+            type_ = table.c[column].type.dialect_impl(engine.dialect)
+            processor = type_.bind_processor(engine.dialect)
+            if processor is not None:
+                self._processors[param] = processor
+
+    def _values(self, channel: bytes, payload: bytes, now: datetime) -> dict[str, Any]:
+        return {
+            "p_channel": channel,
+            "p_payload": payload,
+            "p_channel_hash": channel_hash(channel),
+            "p_created_at": now,
+            **self._extra,
+        }
+
+    def _driver_params(self, values: dict[str, Any]) -> Any:
+        for name, processor in self._processors.items():
+            values[name] = processor(values[name])
+        if self._order is None:
+            return values
+        return tuple(values[name] for name in self._order)
+
+    def _new_id(self, cursor: Any) -> int:
+        if self._returns_id:
+            return int(cursor.fetchone()[0])
+        return int(cursor.lastrowid)
+
+    def publish(self, rows: Sequence[Row], connection: Connection | None = None) -> list[int]:
+        """Insert ``rows`` in one transaction and return their ids, in order.
+
+        With ``connection`` the rows join the caller's transaction and are delivered only if
+        it commits; otherwise they are committed here before returning.
+        """
+        now = utcnow()
+        if connection is not None:
+            ids = []
+            for channel, payload in rows:
+                result = connection.execute(self._statement, self._values(channel, payload, now))
+                if self._returns_id:
+                    ids.append(int(result.scalar_one()))
+                else:
+                    ids.append(int(result.inserted_primary_key[0]))  # type: ignore[index]
+            return ids
+        raw = self._engine.raw_connection()
+        try:
+            cursor = raw.cursor()
+            try:
+                ids = []
+                for channel, payload in rows:
+                    cursor.execute(
+                        self._sql, self._driver_params(self._values(channel, payload, now))
+                    )
+                    ids.append(self._new_id(cursor))
+            finally:
+                cursor.close()
+            raw.commit()
+        except BaseException:
+            try:
+                raw.rollback()
+            finally:
+                raw.close()
+            raise
+        raw.close()
+        return ids

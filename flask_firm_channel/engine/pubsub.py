@@ -1,0 +1,231 @@
+"""``PubSub``: the engine's front door. Broadcast, subscribe, trim, health and close, for one
+table on one SQLAlchemy engine. It knows nothing of Flask."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, Engine, Table, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from .dialects import dialect_for
+from .listener import Listener, ListenerHealth
+from .publish import Publisher
+from .settings import Duration, Settings
+from .subscriptions import Callback, Subscription, SubscriptionRegistry
+from .trim import Trimmer
+from .validate import encode_channel, encode_payload
+from .wake import make_hint
+
+log = logging.getLogger("flask_firm_channel")
+
+_instances: weakref.WeakSet[PubSub] = weakref.WeakSet()
+
+
+class PubSub:
+    """Publish/subscribe over ``table`` on ``engine``.
+
+    ``autostart=False`` keeps the listener thread from starting on the first subscription
+    (a CLI process that only migrates, say); :meth:`start` starts it explicitly.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table,
+        settings: Settings | None = None,
+        *,
+        autostart: bool = True,
+    ) -> None:
+        self.engine = engine
+        self.table = table
+        self.settings = settings or Settings()
+        self.autostart = autostart
+        self.dialect = dialect_for(engine)
+        self.dialect.configure_engine(sqlite_wal=self.settings.sqlite_wal)
+        self._publisher = Publisher(engine, self.dialect, table, notify=self.settings.wake_hints)
+        self._registry = SubscriptionRegistry()
+        self._lock = threading.RLock()
+        self._listener: Listener | None = None
+        self._trimmer = Trimmer(self.dialect, table, self.settings)
+        self._closed = False
+        self._pid = os.getpid()
+        _instances.add(self)
+
+    # -- publishing -----------------------------------------------------------------------
+
+    def broadcast(
+        self, channel: str | bytes, payload: str | bytes, *, connection: Connection | None = None
+    ) -> int:
+        """Store ``payload`` for every subscriber of ``channel``; return the message id.
+
+        With ``connection``, the message joins that connection's transaction and is delivered
+        only if it commits.
+        """
+        return self.broadcast_many([(channel, payload)], connection=connection)[0]
+
+    def broadcast_many(
+        self,
+        messages: Iterable[tuple[str | bytes, str | bytes]],
+        *,
+        connection: Connection | None = None,
+    ) -> list[int]:
+        """Broadcast several messages in one transaction; return their ids in order.
+
+        Every message is validated before anything is written.
+        """
+        rows = [
+            (encode_channel(ch), encode_payload(p, self.settings.max_payload_size))
+            for ch, p in messages
+        ]
+        if not rows:
+            return []
+        ids = self._publisher.publish(rows, connection)
+        listener = self._listener
+        if listener is not None and connection is None:
+            listener.wake()
+        if self.settings.auto_trim:
+            self._trimmer.maybe_request(len(rows))
+        return ids
+
+    def committed(self) -> None:
+        """Tell the local listener a transaction holding broadcasts just committed."""
+        listener = self._listener
+        if listener is not None:
+            listener.wake()
+
+    # -- subscribing ----------------------------------------------------------------------
+
+    def subscribe(self, channel: str | bytes, callback: Callback) -> Subscription:
+        """Call ``callback(payload)`` for every message broadcast on ``channel`` from now on,
+        in id order, in this process's listener thread."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        ch = encode_channel(channel)
+        if self._closed:
+            raise RuntimeError("this PubSub is closed; subscribe before close()")
+        sub = Subscription(ch, callback, anchor=self._current_max_id())
+        self._registry.add(sub)
+        if self.autostart:
+            self.start()
+        elif self._listener is not None:
+            self._listener.wake()
+        return sub
+
+    def unsubscribe(self, channel: str | bytes, callback: Callback) -> int:
+        """Remove ``callback`` from ``channel``; return how many subscriptions went."""
+        return self._registry.remove_callback(encode_channel(channel), callback)
+
+    def _current_max_id(self) -> int | None:
+        # "From now on" is anchored here, in the caller's thread. If the table cannot be read
+        # yet (not created, database down), the listener anchors it on its first poll.
+        try:
+            with self.engine.connect() as conn:
+                return int(conn.execute(select(func.max(self.table.c.id))).scalar() or 0)
+        except SQLAlchemyError as exc:
+            log.debug("firm-channel could not anchor a subscription yet: %s", exc)
+            return None
+
+    # -- the listener ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start this process's listener thread if it is not running. Idempotent."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("this PubSub is closed")
+            if self._listener is not None and self._listener.alive:
+                return
+            listener_ref: list[Listener] = []
+
+            def on_wake() -> None:
+                if listener_ref:
+                    listener_ref[0].wake()
+
+            def interested(hash_: int) -> bool:
+                return hash_ in self._registry.snapshot().hash_set
+
+            hint = make_hint(self.dialect, self.table, self.settings, on_wake, interested)
+            listener = Listener(self.engine, self.table, self.settings, self._registry, hint)
+            listener_ref.append(listener)
+            listener.start()
+            self._listener = listener
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None and self._listener.alive
+
+    def health(self) -> ListenerHealth:
+        """A snapshot of this process's listener: wake mode, polls, rows read, errors, lag."""
+        listener = self._listener
+        return listener.health() if listener is not None else ListenerHealth()
+
+    @property
+    def subscription_count(self) -> int:
+        return len(self._registry)
+
+    # -- trimming -------------------------------------------------------------------------
+
+    def trim(
+        self,
+        older_than: Duration | None = None,
+        *,
+        batch_size: int | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        """Delete every message older than ``older_than`` (default: the retention) in batches;
+        return how many went (with ``dry_run``, how many would)."""
+        return self._trimmer.trim(older_than, batch_size, dry_run)
+
+    @property
+    def trimmer(self) -> Trimmer:
+        return self._trimmer
+
+    # -- shutting down --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop this process's listener and trimmer threads and drop all subscriptions.
+        Returns promptly; idempotent."""
+        with self._lock:
+            self._closed = True
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        self._trimmer.close()
+        self._registry.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _after_fork_in_child(self) -> None:
+        """Threads do not survive ``fork``: a child (a gunicorn worker) gets its own listener
+        on fresh connections, keeping the subscriptions it inherited."""
+        self._lock = threading.RLock()
+        self._registry.after_fork()
+        had_listener = self._listener is not None
+        self._listener = None
+        self._trimmer = Trimmer(self.dialect, self.table, self.settings)
+        self._pid = os.getpid()
+        # The pool's connections belong to the parent; drop them without closing them.
+        self.engine.dispose(close=False)
+        if had_listener and not self._closed and len(self._registry):
+            self.start()
+
+    def __repr__(self) -> str:
+        return f"<PubSub {self.table.name} on {self.engine.url!r} listening={self.listening}>"
+
+
+def _after_fork_in_child() -> None:
+    for pubsub in list(_instances):
+        try:
+            pubsub._after_fork_in_child()
+        except Exception:  # noqa: BLE001 - a child must come up even if one instance cannot
+            log.exception("firm-channel could not restart its listener after fork")
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

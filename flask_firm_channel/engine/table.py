@@ -1,0 +1,71 @@
+"""The message table and the channel hash: the one schema every process agrees on."""
+
+from __future__ import annotations
+
+import hashlib
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+)
+from sqlalchemy.dialects import mysql
+
+DEFAULT_TABLE_NAME = "firm_channel_messages"
+MAX_CHANNEL_BYTES = 1024
+
+# SQLite only gives AUTOINCREMENT (ids never reused, even after the table is emptied) to a
+# column declared exactly ``INTEGER PRIMARY KEY``; everywhere else the id is a BIGINT.
+_ID = BigInteger().with_variant(Integer(), "sqlite")
+# MySQL cannot index a BLOB without a prefix length, so the channel is a VARBINARY there.
+_CHANNEL = LargeBinary(MAX_CHANNEL_BYTES).with_variant(
+    mysql.VARBINARY(MAX_CHANNEL_BYTES), "mysql", "mariadb"
+)
+_PAYLOAD = LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+_CREATED_AT = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+def message_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Table:
+    """Return the message table ``name`` on ``metadata``, defining it on first use.
+
+    Idempotent so that several app factories sharing one ``db.metadata`` get the same
+    :class:`~sqlalchemy.Table`, which is also what Alembic autogenerate compares against.
+    """
+    existing = metadata.tables.get(name)
+    if existing is not None:
+        missing = {"id", "channel", "payload", "channel_hash", "created_at"} - set(
+            existing.c.keys()
+        )
+        if missing:
+            raise ValueError(
+                f"table {name!r} is already defined on this MetaData without the columns "
+                f"{sorted(missing)}; choose another table_name for flask-firm-channel"
+            )
+        return existing
+    return Table(
+        name,
+        metadata,
+        Column("id", _ID, primary_key=True, autoincrement=True),
+        Column("channel", _CHANNEL, nullable=False),
+        Column("payload", _PAYLOAD, nullable=False),
+        Column("channel_hash", BigInteger(), nullable=False),
+        Column("created_at", _CREATED_AT, nullable=False),
+        Index(f"ix_{name}_channel", "channel"),
+        Index(f"ix_{name}_channel_hash", "channel_hash"),
+        Index(f"ix_{name}_created_at", "created_at"),
+        sqlite_autoincrement=True,
+    )
+
+
+def channel_hash(channel: bytes) -> int:
+    """The first 8 bytes of SHA-256(channel) as a signed big-endian 64-bit integer.
+
+    Signed because PostgreSQL and SQLite have no unsigned 64-bit type. Rows are *found* by
+    this hash and *dispatched* by the exact channel bytes, so a collision costs one skipped row.
+    """
+    return int.from_bytes(hashlib.sha256(channel).digest()[:8], "big", signed=True)

@@ -1,0 +1,109 @@
+"""Trimming: the table is a buffer, not a log. Old rows go in small batches, off the
+publish path, in one background thread per process."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import Table, func, select
+
+from .dialects import Dialect
+from .settings import Duration, Settings, to_seconds
+
+log = logging.getLogger("flask_firm_channel")
+
+
+def utcnow() -> datetime:
+    """Naive UTC, the way ``created_at`` is stored."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Trimmer:
+    def __init__(self, dialect: Dialect, table: Table, settings: Settings) -> None:
+        self._dialect = dialect
+        self._table = table
+        self._settings = settings
+        self._wanted = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.batches = 0
+        self.deleted = 0
+        self.errors = 0
+
+    def cutoff(self, older_than: Duration | None = None) -> datetime:
+        seconds = (
+            self._settings.message_retention
+            if older_than is None
+            else to_seconds(older_than, "older_than", allow_zero=True)
+        )
+        return utcnow() - timedelta(seconds=seconds)
+
+    def trim(
+        self,
+        older_than: Duration | None = None,
+        batch_size: int | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        """Delete every row older than ``older_than`` (default: the retention), batch by batch.
+
+        Returns how many rows were deleted, or with ``dry_run`` how many would be.
+        """
+        size = self._settings.trim_batch_size if batch_size is None else batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {size!r}")
+        cutoff = self.cutoff(older_than)
+        if dry_run:
+            with self._dialect.engine.connect() as conn:
+                query = select(func.count()).where(self._table.c.created_at < cutoff)
+                return int(conn.execute(query).scalar() or 0)
+        total = 0
+        while True:
+            deleted = self._dialect.trim_batch(self._table, cutoff, size)
+            total += deleted
+            if deleted == 0:
+                return total
+
+    def maybe_request(self, messages: int = 1) -> None:
+        """Called after a broadcast: with probability ~2/batch per message, ask the
+        background thread for one batch. The broadcaster never waits for it."""
+        if random.random() < messages * 2.0 / self._settings.trim_batch_size:
+            self.request()
+
+    def request(self) -> None:
+        with self._lock:
+            if self._stopping:
+                return
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="firm-channel-trimmer", daemon=True
+                )
+                self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            if self._stopping:
+                return
+            self._wanted.clear()
+            try:
+                deleted = self._dialect.trim_batch(
+                    self._table, self.cutoff(), self._settings.trim_batch_size
+                )
+                self.batches += 1
+                self.deleted += deleted
+            except Exception:
+                self.errors += 1
+                log.exception("firm-channel background trim failed")
+
+    def close(self, timeout: float = 2.0) -> None:
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        self._wanted.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)

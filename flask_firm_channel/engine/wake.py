@@ -1,0 +1,309 @@
+"""Wake hints: each database's cheap "something changed" signal, so the listener wakes in
+milliseconds instead of sleeping a whole polling interval.
+
+A hint never carries a message. The table stays the only source of truth and the listener's
+periodic poll stays the safety net: a lost hint delays a message, it never loses one.
+
+The listener asks a hint two things: how long it may sleep (:meth:`WakeHint.next_timeout`),
+and, after sleeping, whether the table is worth querying (:meth:`WakeHint.check`). A hint that
+runs its own thread (PostgreSQL ``LISTEN``) calls ``on_wake`` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, Table
+
+from .dialects import Dialect, notify_channel_name
+from .settings import Settings
+
+log = logging.getLogger("flask_firm_channel")
+
+
+@dataclass(frozen=True)
+class HintHealth:
+    mode: str
+    healthy: bool
+    wakes: int
+    errors: int
+    reconnects: int
+    last_error: str | None
+
+
+def dedicated_connection(engine: Engine) -> Any:
+    """A driver connection of the engine's own configuration, detached from its pool: it is
+    the hint's for as long as the listener runs and does not take a pool slot."""
+    raw = engine.raw_connection()
+    conn = raw.driver_connection
+    raw.detach()
+    return conn
+
+
+class WakeHint:
+    """No hint: poll the table every ``polling_interval`` (also the fallback of every hint)."""
+
+    mode = "poll"
+
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table,
+        settings: Settings,
+        on_wake: Callable[[], None],
+        interested: Callable[[int], bool],
+    ) -> None:
+        self.engine = engine
+        self.table = table
+        self.settings = settings
+        self.on_wake = on_wake
+        self.interested = interested
+        self.healthy = True
+        self.wakes = 0
+        self.errors = 0
+        self.reconnects = 0
+        self.last_error: str | None = None
+
+    def open(self) -> None:
+        """Start watching. Errors are recorded, never raised: the poll covers for them."""
+
+    def next_timeout(self) -> float:
+        return self.settings.polling_interval
+
+    def check(self) -> bool:
+        return True
+
+    def activity(self, rows: int) -> None:
+        """Feedback after a poll that returned ``rows`` rows."""
+
+    def close(self) -> None:
+        pass
+
+    def health(self) -> HintHealth:
+        return HintHealth(
+            self.mode, self.healthy, self.wakes, self.errors, self.reconnects, self.last_error
+        )
+
+    def _failed(self, exc: BaseException) -> None:
+        self.healthy = False
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning("firm-channel %s wake hint failed, polling instead: %s", self.mode, exc)
+
+
+class DataVersionHint(WakeHint):
+    """SQLite: ``PRAGMA data_version`` on a dedicated connection moves on every commit made by
+    any other connection, in any process, and costs microseconds to read. It is read every
+    millisecond while messages flow and every 10 ms when idle."""
+
+    mode = "data_version"
+    FAST = 0.001
+    IDLE = 0.01
+    ACTIVE_WINDOW = 1.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._conn: Any = None
+        self._version: int | None = None
+        self._last_activity = 0.0
+        self._retry_at = 0.0
+
+    def open(self) -> None:
+        try:
+            self._conn = dedicated_connection(self.engine)
+            self._version = self._read()
+            if not self.healthy:
+                self.reconnects += 1
+            self.healthy = True
+        except Exception as exc:
+            self._conn = None
+            self._failed(exc)
+            self._retry_at = time.monotonic() + 1.0
+
+    def _read(self) -> int:
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def next_timeout(self) -> float:
+        if not self.healthy:
+            return self.settings.polling_interval
+        if time.monotonic() - self._last_activity < self.ACTIVE_WINDOW:
+            return self.FAST
+        return self.IDLE
+
+    def check(self) -> bool:
+        if self._conn is None:
+            if time.monotonic() >= self._retry_at:
+                self.open()
+            return True
+        try:
+            version = self._read()
+        except Exception as exc:
+            self._close_conn()
+            self._failed(exc)
+            self._retry_at = time.monotonic() + 1.0
+            return True
+        if version == self._version:
+            return False
+        self._version = version
+        self.wakes += 1
+        return True
+
+    def activity(self, rows: int) -> None:
+        if rows:
+            self._last_activity = time.monotonic()
+
+    def close(self) -> None:
+        self._close_conn()
+
+    def _close_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail too
+                pass
+
+
+class NotifyHint(WakeHint):
+    """PostgreSQL: ``LISTEN`` on a dedicated autocommit connection in its own thread. Every
+    broadcast queues a ``NOTIFY`` carrying its channel hash inside its own transaction, so the
+    wake arrives at commit. If the connection drops, the listener polls until it is back."""
+
+    mode = "notify"
+    WAIT = 0.25
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._conn: Any = None
+        self.healthy = False
+
+    def open(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="firm-channel-notify", daemon=True)
+        self._thread.start()
+
+    def next_timeout(self) -> float:
+        return self.settings.safety_interval if self.healthy else self.settings.polling_interval
+
+    def check(self) -> bool:
+        return not self.healthy
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2)
+        self._close_conn()
+
+    def _run(self) -> None:
+        backoff = 0.05
+        connected_before = False
+        while not self._stop.is_set():
+            try:
+                if self._conn is None:
+                    self._connect()
+                    if connected_before:
+                        self.reconnects += 1
+                    connected_before = True
+                    backoff = 0.05
+                    # Whatever was sent while we were not listening is found by this poll.
+                    self.on_wake()
+                for note in self._conn.notifies(timeout=self.WAIT):
+                    if self._wanted(note.payload):
+                        self.wakes += 1
+                        self.on_wake()
+                    if self._stop.is_set():
+                        break
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                self._close_conn()
+                self._failed(exc)
+                self.on_wake()
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _connect(self) -> None:
+        from psycopg import sql  # only on PostgreSQL with psycopg 3
+
+        conn = dedicated_connection(self.engine)
+        if conn is None or not hasattr(conn, "notifies"):
+            raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
+        conn.rollback()
+        conn.autocommit = True
+        conn.execute(
+            sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel_name(self.table.name)))
+        )
+        self._conn = conn
+        self.healthy = True
+
+    def _wanted(self, payload: str) -> bool:
+        try:
+            return self.interested(int(payload))
+        except ValueError:
+            return True
+
+    def _close_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        self.healthy = False
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection may fail too
+                pass
+
+
+class AdaptivePollHint(WakeHint):
+    """MySQL/MariaDB have no change signal a client can wait on, so the listener polls the
+    table itself (an index range read that returns nothing when idle): every 2 ms while
+    messages flow, backing off to ``polling_interval`` (at most 50 ms) when idle."""
+
+    mode = "adaptive"
+    FAST = 0.002
+    CEILING = 0.05
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._interval = self._slowest()
+
+    def _slowest(self) -> float:
+        return max(self.FAST, min(self.settings.polling_interval, self.CEILING))
+
+    def next_timeout(self) -> float:
+        return self._interval
+
+    def activity(self, rows: int) -> None:
+        if rows:
+            self.wakes += 1
+            self._interval = self.FAST
+        else:
+            self._interval = min(self._interval * 1.5, self._slowest())
+
+
+_HINTS: dict[str, type[WakeHint]] = {
+    "data_version": DataVersionHint,
+    "notify": NotifyHint,
+    "adaptive": AdaptivePollHint,
+    "poll": WakeHint,
+}
+
+
+def make_hint(
+    dialect: Dialect,
+    table: Table,
+    settings: Settings,
+    on_wake: Callable[[], None],
+    interested: Callable[[int], bool],
+) -> WakeHint:
+    """The hint the dialect asks for, or plain polling when hints are off or cannot work."""
+    kind = dialect.wake_kind if settings.wake_hints else "poll"
+    if kind == "data_version" and dialect.memory_database():
+        kind = "poll"  # one in-memory database per process: the local wake-up is enough
+    if kind == "notify" and dialect.engine.dialect.driver != "psycopg":
+        kind = "poll"
+    return _HINTS[kind](dialect.engine, table, settings, on_wake, interested)
