@@ -142,12 +142,16 @@ class Contender:
         try:
             with engine.connect() as conn:
                 if self.backend == "postgres":
-                    verb = f"CREATE SCHEMA IF NOT EXISTS {ns}" if create else (
-                        f"DROP SCHEMA IF EXISTS {ns} CASCADE"
+                    verb = (
+                        f"CREATE SCHEMA IF NOT EXISTS {ns}"
+                        if create
+                        else (f"DROP SCHEMA IF EXISTS {ns} CASCADE")
                     )
                 else:
-                    verb = f"CREATE DATABASE IF NOT EXISTS {ns}" if create else (
-                        f"DROP DATABASE IF EXISTS {ns}"
+                    verb = (
+                        f"CREATE DATABASE IF NOT EXISTS {ns}"
+                        if create
+                        else (f"DROP DATABASE IF EXISTS {ns}")
                     )
                 conn.exec_driver_sql(verb)
         finally:
@@ -171,18 +175,23 @@ def floor_table(metadata: Any, name: str) -> Any:
         name,
         metadata,
         sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True,
+            "id",
+            sa.BigInteger().with_variant(sa.Integer, "sqlite"),
+            primary_key=True,
             autoincrement=True,
         ),
         sa.Column(
-            "channel", sa.LargeBinary(1024).with_variant(mysql.VARBINARY(1024), "mysql"),
+            "channel",
+            sa.LargeBinary(1024).with_variant(mysql.VARBINARY(1024), "mysql"),
             nullable=False,
         ),
-        sa.Column("payload", sa.LargeBinary().with_variant(mysql.LONGBLOB, "mysql"),
-                  nullable=False),
+        sa.Column(
+            "payload", sa.LargeBinary().with_variant(mysql.LONGBLOB, "mysql"), nullable=False
+        ),
         sa.Column("channel_hash", sa.BigInteger, nullable=False),
-        sa.Column("created_at", sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql"),
-                  nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql"), nullable=False
+        ),
         sa.Index(f"ix_{name}_channel", "channel"),
         sa.Index(f"ix_{name}_channel_hash", "channel_hash"),
         sa.Index(f"ix_{name}_created_at", "created_at"),
@@ -368,9 +377,7 @@ class PgNotifyAdapter:
 
     def broadcast_many(self, items: list[tuple[str, bytes]]) -> None:
         with self.pub.transaction(), self.pub.cursor() as cur:
-            cur.executemany(
-                "SELECT pg_notify(%s, %s)", [(c, p.decode()) for c, p in items]
-            )
+            cur.executemany("SELECT pg_notify(%s, %s)", [(c, p.decode()) for c, p in items])
 
     def stats(self) -> dict[str, Any]:
         return {}

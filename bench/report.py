@@ -15,7 +15,8 @@ from .stats import median, pct
 
 Results = dict[str, dict[str, list[dict[str, Any]]]]
 
-TARGETS = {  # issue 3, per backend: (p50, p99, first after idle, share of floor, rows/msg, idle cpu)
+# Issue 3, per backend: p50, p99, first after idle (ms), share of floor (%), rows/msg, idle CPU (%).
+TARGETS = {
     "sqlite": (1.5, 5.0, 15.0, 50.0, 2.0, 1.0),
     "postgres": (2.0, 5.0, 5.0, 80.0, 2.0, 1.0),
     "mariadb": (10.0, 25.0, 60.0, 80.0, 2.0, 2.0),
@@ -42,16 +43,16 @@ def machine_info() -> dict[str, Any]:
     except OSError:
         pass
     pkgs = {}
-    for name in ("flask-firm-channel", "firm-channel", "SQLAlchemy", "psycopg", "PyMySQL",
-                 "redis"):
+    for name in ("flask-firm-channel", "firm-channel", "SQLAlchemy", "psycopg", "PyMySQL", "redis"):
         try:
             pkgs[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             pkgs[name] = "-"
     info["packages"] = pkgs
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5)
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        )
         info["commit"] = rev.stdout.strip() or "-"
     except (OSError, subprocess.SubprocessError):
         info["commit"] = "-"
@@ -201,18 +202,30 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
     srv = meta.get("servers", {})
     add("# Benchmarks")
     add("")
-    add(f"Measured {meta['date']} on {meta['cores']} cores ({meta['cpu']}), Linux "
+    add(
+        f"Measured {meta['date']} on {meta['cores']} cores ({meta['cpu']}), Linux "
         f"{meta['kernel']}, Python {meta['python']}; a shared machine, so every number is the "
         f"**median of {cfg.rounds} interleaved round(s)** (the order of contenders rotates each "
         f"round). Whole run: {meta['elapsed_s'] / 60:.1f} min"
-        + (" (`--quick`: small counts, one round; a smoke run, not a result)." if cfg.quick
-           else "."))
+        + (
+            " (`--quick`: small counts, one round; a smoke run, not a result)."
+            if cfg.quick
+            else "."
+        )
+    )
     add("")
-    add("Versions: " + ", ".join(f"{k} {v}" for k, v in pk.items()) + "; servers: "
-        + ", ".join(f"{k} {v}" for k, v in srv.items()) + f"; commit {meta.get('commit', '-')}.")
+    add(
+        "Versions: "
+        + ", ".join(f"{k} {v}" for k, v in pk.items())
+        + "; servers: "
+        + ", ".join(f"{k} {v}" for k, v in srv.items())
+        + f"; commit {meta.get('commit', '-')}."
+    )
     add("")
-    add("Reproduce from the repository root (PostgreSQL, MariaDB and Redis on loopback, as in "
-        "`bench/contenders.py`):")
+    add(
+        "Reproduce from the repository root (PostgreSQL, MariaDB and Redis on loopback, as in "
+        "`bench/contenders.py`):"
+    )
     add("")
     add("```sh")
     add("pip install -e '.[postgres,mysql,bench]'")
@@ -220,7 +233,8 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
     add("python -m bench --only sqlite,redis --scenarios latency,idle")
     add("```")
     add("")
-    add("How it measures: separate subscriber and broadcaster processes; 100-byte payloads "
+    add(
+        "How it measures: separate subscriber and broadcaster processes; 100-byte payloads "
         "stamped with `time.time()` just before `broadcast()` is called, so a latency includes "
         "the broadcaster's own INSERT + COMMIT. Every measurement uses fresh processes and a "
         "freshly created table; losses (delivered < sent) and duplicates are counted everywhere. "
@@ -229,7 +243,8 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         "firm-channel runs as its users run it: `create_engine_for(url)` + "
         "`Channel(engine=..., polling_interval=...)`, in a namespace of its own (its table name "
         "is fixed). flask-firm-channel runs at its engine level with default `Settings()` on a "
-        "plain `sqlalchemy.create_engine(url)`.")
+        "plain `sqlalchemy.create_engine(url)`."
+    )
     add("")
     by_key = {c.key: c for c in contenders}
 
@@ -240,9 +255,14 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         return fn(results.get(scenario, {}).get(k)).get(metric)
 
     subscribable = [c for c in contenders if c.can_subscribe]
-    order = sorted(subscribable, key=lambda c: (BACKENDS.index(c.backend) if c.backend else 9,
-                                                 ["ours", "firm", "pgnotify", "redis"].index(
-                                                     c.kind), -(c.interval or 0)))
+    order = sorted(
+        subscribable,
+        key=lambda c: (
+            BACKENDS.index(c.backend) if c.backend else 9,
+            ["ours", "firm", "pgnotify", "redis"].index(c.kind),
+            -(c.interval or 0),
+        ),
+    )
 
     # targets
     ours = [c for c in contenders if c.kind == "ours"]
@@ -253,8 +273,10 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         add("")
 
     if "latency" in results:
-        add(f"## Cross-process latency ({cfg.lat_n} messages, 1 subscriber process, "
-            f"{cfg.gap_min * 1000:.0f}–{cfg.gap_max * 1000:.0f} ms between sends)")
+        add(
+            f"## Cross-process latency ({cfg.lat_n} messages, 1 subscriber process, "
+            f"{cfg.gap_min * 1000:.0f}–{cfg.gap_max * 1000:.0f} ms between sends)"
+        )
         add("")
         rows = []
         for c in order:
@@ -262,14 +284,37 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
             if not m:
                 rows.append([c.label, BACKEND_LABEL[c.backend]] + ["error"] + [""] * 7)
                 continue
-            rows.append([
-                c.label, BACKEND_LABEL[c.backend], ms(m["p50"]), ms(m["p90"]), ms(m["p99"]),
-                ms(m["max"]), f"{m['delivered']}/{m['expected']}", str(m["dups"]),
-                ratio(m["p50"], ref("latency", delivery, c, "p50")),
-                ratio(m["p99"], ref("latency", delivery, c, "p99")),
-            ])
-        add(table(["contender", "backend", "p50 ms", "p90 ms", "p99 ms", "max ms",
-                   "delivered/sent", "dups", "p50 ×", "p99 ×"], rows))
+            rows.append(
+                [
+                    c.label,
+                    BACKEND_LABEL[c.backend],
+                    ms(m["p50"]),
+                    ms(m["p90"]),
+                    ms(m["p99"]),
+                    ms(m["max"]),
+                    f"{m['delivered']}/{m['expected']}",
+                    str(m["dups"]),
+                    ratio(m["p50"], ref("latency", delivery, c, "p50")),
+                    ratio(m["p99"], ref("latency", delivery, c, "p99")),
+                ]
+            )
+        add(
+            table(
+                [
+                    "contender",
+                    "backend",
+                    "p50 ms",
+                    "p90 ms",
+                    "p99 ms",
+                    "max ms",
+                    "delivered/sent",
+                    "dups",
+                    "p50 ×",
+                    "p99 ×",
+                ],
+                rows,
+            )
+        )
         add("")
         add("![cross-process latency](latency.png)")
         add("")
@@ -283,23 +328,47 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
             if not m:
                 rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 5)
                 continue
-            rows.append([
-                c.label, BACKEND_LABEL[c.backend], f"{m['delivered']}/{m['expected']}",
-                str(m["dups"]), ms(m["p50"]), ms(m["p99"]), ms(m["max"]),
-                ratio(m["p99"], ref("fanout", delivery, c, "p99")),
-            ])
-        add(table(["contender", "backend", "delivered/expected", "dups", "p50 ms", "p99 ms",
-                   "max ms", "p99 ×"], rows))
+            rows.append(
+                [
+                    c.label,
+                    BACKEND_LABEL[c.backend],
+                    f"{m['delivered']}/{m['expected']}",
+                    str(m["dups"]),
+                    ms(m["p50"]),
+                    ms(m["p99"]),
+                    ms(m["max"]),
+                    ratio(m["p99"], ref("fanout", delivery, c, "p99")),
+                ]
+            )
+        add(
+            table(
+                [
+                    "contender",
+                    "backend",
+                    "delivered/expected",
+                    "dups",
+                    "p50 ms",
+                    "p99 ms",
+                    "max ms",
+                    "p99 ×",
+                ],
+                rows,
+            )
+        )
         add("")
 
     if "sustained" in results:
-        add(f"## Sustained load: {cfg.sustained_rate:.0f} msg/s for {cfg.sustained_s:.0f} s, "
-            "1 subscriber process")
+        add(
+            f"## Sustained load: {cfg.sustained_rate:.0f} msg/s for {cfg.sustained_s:.0f} s, "
+            "1 subscriber process"
+        )
         add("")
-        add("Rows read per delivered message: flask-firm-channel's own `health()` counters; for "
+        add(
+            "Rows read per delivered message: flask-firm-channel's own `health()` counters; for "
             "firm-channel, the rows its listener's `fetch_since` returned (payloads included). "
             "Subscriber CPU: user + system time of the whole subscriber process over the window, "
-            "as % of one core. The send rate is what one paced broadcaster thread achieved.")
+            "as % of one core. The send rate is what one paced broadcaster thread achieved."
+        )
         add("")
         rows = []
         for c in order:
@@ -307,58 +376,114 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
             if not m:
                 rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 8)
                 continue
-            rows.append([
-                c.label, BACKEND_LABEL[c.backend], num(m["rate"]),
-                f"{m['delivered']}/{m['expected']}", str(m["dups"]), ms(m["p50"]),
-                ms(m["p99"]), num(m["rows_per_msg"], 2), num(m["cpu"], 1),
-                ratio(m["rows_per_msg"], ref("sustained", delivery, c, "rows_per_msg")),
-                ratio(m["cpu"], ref("sustained", delivery, c, "cpu")),
-            ])
-        add(table(["contender", "backend", "sent msg/s", "delivered/sent", "dups", "p50 ms",
-                   "p99 ms", "rows read / msg", "subscriber CPU %", "rows ×", "CPU ×"], rows))
+            rows.append(
+                [
+                    c.label,
+                    BACKEND_LABEL[c.backend],
+                    num(m["rate"]),
+                    f"{m['delivered']}/{m['expected']}",
+                    str(m["dups"]),
+                    ms(m["p50"]),
+                    ms(m["p99"]),
+                    num(m["rows_per_msg"], 2),
+                    num(m["cpu"], 1),
+                    ratio(m["rows_per_msg"], ref("sustained", delivery, c, "rows_per_msg")),
+                    ratio(m["cpu"], ref("sustained", delivery, c, "cpu")),
+                ]
+            )
+        add(
+            table(
+                [
+                    "contender",
+                    "backend",
+                    "sent msg/s",
+                    "delivered/sent",
+                    "dups",
+                    "p50 ms",
+                    "p99 ms",
+                    "rows read / msg",
+                    "subscriber CPU %",
+                    "rows ×",
+                    "CPU ×",
+                ],
+                rows,
+            )
+        )
         add("")
 
     if "throughput" in results:
-        add(f"## Publish throughput, one thread ({cfg.tp_n:,} messages; `broadcast_many` in "
-            f"batches of {cfg.many_batch})")
+        add(
+            f"## Publish throughput, one thread ({cfg.tp_n:,} messages; `broadcast_many` in "
+            f"batches of {cfg.many_batch})"
+        )
         add("")
-        add("No subscriber running. The floor is the raw driver's single-row INSERT + COMMIT "
+        add(
+            "No subscriber running. The floor is the raw driver's single-row INSERT + COMMIT "
             "loop on the same table shape (sqlite3 in WAL with synchronous=NORMAL, psycopg, "
             "PyMySQL), and its `executemany` in one transaction for the batched column. "
             "firm-channel's publish path does not depend on its polling interval, so it is "
-            "measured once.")
+            "measured once."
+        )
         add("")
         pubs = [c for c in contenders if results["throughput"].get(c.key)]
-        pubs.sort(key=lambda c: (BACKENDS.index(c.backend) if c.backend else 9,
-                                 ["floor", "ours", "firm", "pgnotify", "redis"].index(c.kind)))
+        pubs.sort(
+            key=lambda c: (
+                BACKENDS.index(c.backend) if c.backend else 9,
+                ["floor", "ours", "firm", "pgnotify", "redis"].index(c.kind),
+            )
+        )
         rows = []
         for c in pubs:
             m = throughput(results["throughput"].get(c.key))
             if not m:
                 rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 4)
                 continue
-            floor = throughput(results["throughput"].get(f"floor/{c.backend}")) if c.backend \
-                else {}
-            share = (f"{100 * m['single'] / floor['single']:.0f} %"
-                     if floor and c.kind in ("ours", "firm") else "")
+            floor = throughput(results["throughput"].get(f"floor/{c.backend}")) if c.backend else {}
+            share = (
+                f"{100 * m['single'] / floor['single']:.0f} %"
+                if floor and c.kind in ("ours", "firm")
+                else ""
+            )
             label = c.label.replace(" (0.1 s poll)", "")
-            rows.append([
-                label, BACKEND_LABEL[c.backend], num(m["single"]), share,
-                ratio(m["single"], ref("throughput", throughput, c, "single"))
-                if c.kind != "floor" else "",
-                num(m["many"]), ratio(m["many"], ref("throughput", throughput, c, "single"))
-                if not math.isnan(m["many"]) and c.kind != "floor" else "",
-            ])
-        add(table(["contender", "backend", "broadcast msg/s", "share of floor", "×",
-                   "broadcast_many msg/s", "× (vs firm single)"], rows))
+            rows.append(
+                [
+                    label,
+                    BACKEND_LABEL[c.backend],
+                    num(m["single"]),
+                    share,
+                    ratio(m["single"], ref("throughput", throughput, c, "single"))
+                    if c.kind != "floor"
+                    else "",
+                    num(m["many"]),
+                    ratio(m["many"], ref("throughput", throughput, c, "single"))
+                    if not math.isnan(m["many"]) and c.kind != "floor"
+                    else "",
+                ]
+            )
+        add(
+            table(
+                [
+                    "contender",
+                    "backend",
+                    "broadcast msg/s",
+                    "share of floor",
+                    "×",
+                    "broadcast_many msg/s",
+                    "× (vs firm single)",
+                ],
+                rows,
+            )
+        )
         add("")
 
     if "idle" in results:
         add(f"## Idle cost and the first message after {cfg.idle_s:.0f} s idle")
         add("")
-        add(f"All subscribed processes idle side by side for {cfg.idle_s:.0f} s (CPU of the whole "
+        add(
+            f"All subscribed processes idle side by side for {cfg.idle_s:.0f} s (CPU of the whole "
             "subscriber process, % of one core); then each gets one message, one contender at a "
-            "time.")
+            "time."
+        )
         add("")
         rows = []
         for c in order:
@@ -366,15 +491,33 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
             if not m:
                 rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 4)
                 continue
-            rows.append([
-                c.label, BACKEND_LABEL[c.backend], num(m["cpu"], 2),
-                ratio(m["cpu"], ref("idle", idle, c, "cpu")),
-                num(m["rows"]) if not math.isnan(m["rows"]) else "—",
-                ms(m["first"]), f"{m['first_delivered']}/{m['first_sent']}",
-                ratio(m["first"], ref("idle", idle, c, "first")),
-            ])
-        add(table(["contender", "backend", "idle CPU %", "CPU ×", "rows read while idle",
-                   "first message ms", "delivered/sent", "first ×"], rows))
+            rows.append(
+                [
+                    c.label,
+                    BACKEND_LABEL[c.backend],
+                    num(m["cpu"], 2),
+                    ratio(m["cpu"], ref("idle", idle, c, "cpu")),
+                    num(m["rows"]) if not math.isnan(m["rows"]) else "—",
+                    ms(m["first"]),
+                    f"{m['first_delivered']}/{m['first_sent']}",
+                    ratio(m["first"], ref("idle", idle, c, "first")),
+                ]
+            )
+        add(
+            table(
+                [
+                    "contender",
+                    "backend",
+                    "idle CPU %",
+                    "CPU ×",
+                    "rows read while idle",
+                    "first message ms",
+                    "delivered/sent",
+                    "first ×",
+                ],
+                rows,
+            )
+        )
         add("")
 
     errs = []
@@ -410,22 +553,54 @@ def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
     sus = [delivery(results.get("sustained", {}).get(c.key)) for c in ours]
     tp = [throughput(results.get("throughput", {}).get(c.key)) for c in ours]
     fl = [throughput(results.get("throughput", {}).get(f"floor/{c.backend}")) for c in ours]
-    rows.append(["cross-process p50 under traffic"] + [
-        cell(m.get("p50", math.nan), TARGETS[c.backend][0], " ms") for c, m in zip(ours, lat)])
-    rows.append(["cross-process p99 under traffic"] + [
-        cell(m.get("p99", math.nan), TARGETS[c.backend][1], " ms") for c, m in zip(ours, lat)])
-    rows.append(["first message after idle"] + [
-        cell(m.get("first", math.nan), TARGETS[c.backend][2], " ms") for c, m in zip(ours, idl)])
-    shares = [100 * t["single"] / f["single"] if t and f else math.nan for t, f in zip(tp, fl)]
-    rows.append(["single-thread broadcast, share of floor"] + [
-        cell(s, TARGETS[c.backend][3], " %", higher=True, fmt=lambda v: f"{v:.0f}")
-        for c, s in zip(ours, shares)])
-    rows.append(["rows read per delivered message at 500 msg/s"] + [
-        cell(m.get("rows_per_msg", math.nan), TARGETS[c.backend][4], "",
-             fmt=lambda v: f"{v:.2f}") for c, m in zip(ours, sus)])
-    rows.append(["idle CPU of a subscribed process"] + [
-        cell(m.get("cpu", math.nan), TARGETS[c.backend][5], " %", fmt=lambda v: f"{v:.2f}")
-        for c, m in zip(ours, idl)])
+    rows.append(
+        ["cross-process p50 under traffic"]
+        + [
+            cell(m.get("p50", math.nan), TARGETS[c.backend][0], " ms")
+            for c, m in zip(ours, lat, strict=True)
+        ]
+    )
+    rows.append(
+        ["cross-process p99 under traffic"]
+        + [
+            cell(m.get("p99", math.nan), TARGETS[c.backend][1], " ms")
+            for c, m in zip(ours, lat, strict=True)
+        ]
+    )
+    rows.append(
+        ["first message after idle"]
+        + [
+            cell(m.get("first", math.nan), TARGETS[c.backend][2], " ms")
+            for c, m in zip(ours, idl, strict=True)
+        ]
+    )
+    shares = [
+        100 * t["single"] / f["single"] if t and f else math.nan
+        for t, f in zip(tp, fl, strict=True)
+    ]
+    rows.append(
+        ["single-thread broadcast, share of floor"]
+        + [
+            cell(s, TARGETS[c.backend][3], " %", higher=True, fmt=lambda v: f"{v:.0f}")
+            for c, s in zip(ours, shares, strict=True)
+        ]
+    )
+    rows.append(
+        ["rows read per delivered message at 500 msg/s"]
+        + [
+            cell(
+                m.get("rows_per_msg", math.nan), TARGETS[c.backend][4], "", fmt=lambda v: f"{v:.2f}"
+            )
+            for c, m in zip(ours, sus, strict=True)
+        ]
+    )
+    rows.append(
+        ["idle CPU of a subscribed process"]
+        + [
+            cell(m.get("cpu", math.nan), TARGETS[c.backend][5], " %", fmt=lambda v: f"{v:.2f}")
+            for c, m in zip(ours, idl, strict=True)
+        ]
+    )
     loss_cells = []
     for c in ours:
         lost = dups = 0
@@ -453,12 +628,16 @@ def plot(contenders: list[Any], results: Results, path: str) -> None:
     import matplotlib.pyplot as plt
 
     lat = results.get("latency", {})
-    backends = [b for b in BACKENDS if any(c.backend == b and lat.get(c.key) for c in contenders
-                                           if c.kind in ("ours", "firm"))]
+    backends = [
+        b
+        for b in BACKENDS
+        if any(c.backend == b and lat.get(c.key) for c in contenders if c.kind in ("ours", "firm"))
+    ]
     if not backends:
         return
-    fig, axes = plt.subplots(1, len(backends), figsize=(5.2 * len(backends), 4.2), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(backends), figsize=(5.2 * len(backends), 4.2), sharey=True, squeeze=False
+    )
     style = {
         "ours": dict(color="#1f6feb", lw=2.4, ls="-"),
         "firm100": dict(color="#d9534f", lw=1.6, ls="-"),
@@ -467,7 +646,7 @@ def plot(contenders: list[Any], results: Results, path: str) -> None:
         "pgnotify": dict(color="#555555", lw=1.2, ls=":"),
     }
     refs = [c for c in contenders if c.kind in ("redis", "pgnotify")]
-    for ax, b in zip(axes[0], backends):
+    for ax, b in zip(axes[0], backends, strict=False):
         for c in [c for c in contenders if c.backend == b and c.kind in ("ours", "firm")] + refs:
             samples: list[float] = []
             for r in ok_runs(lat.get(c.key)):
@@ -477,8 +656,7 @@ def plot(contenders: list[Any], results: Results, path: str) -> None:
             s = sorted(max(v, 0.01) for v in samples)
             y = [(i + 1) / len(s) for i in range(len(s))]
             sk = c.key.split("/")[0]
-            ax.step(s, y, where="post", label=f"{c.label} p50 {ms(pct(s, 50))} ms",
-                    **style[sk])
+            ax.step(s, y, where="post", label=f"{c.label} p50 {ms(pct(s, 50))} ms", **style[sk])
         ax.set_xscale("log")
         ax.set_title(BACKEND_LABEL[b])
         ax.set_xlabel("cross-process latency, ms (log)")

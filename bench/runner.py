@@ -43,8 +43,15 @@ class Config:
 
 
 QUICK = Config(
-    rounds=1, lat_n=100, fanout_n=100, sustained_s=2.0, sustained_rounds=1, tp_n=500, idle_s=3.0,
-    drain_s=3.0, quick=True,
+    rounds=1,
+    lat_n=100,
+    fanout_n=100,
+    sustained_s=2.0,
+    sustained_rounds=1,
+    tp_n=500,
+    idle_s=3.0,
+    drain_s=3.0,
+    quick=True,
 )
 
 
@@ -66,8 +73,9 @@ def all_contenders() -> list[Contender]:
         out.append(Contender(f"firm100/{b}", "firm", b, "firm-channel 1.0.0 (0.1 s poll)", 0.1))
         out.append(Contender(f"firm10/{b}", "firm", b, "firm-channel 1.0.0 (10 ms poll)", 0.01))
     out.append(Contender("redis", "redis", "", "Redis pub/sub (redis-py)"))
-    out.append(Contender("pgnotify/postgres", "pgnotify", "postgres",
-                         "raw LISTEN/NOTIFY (psycopg)"))
+    out.append(
+        Contender("pgnotify/postgres", "pgnotify", "postgres", "raw LISTEN/NOTIFY (psycopg)")
+    )
     for b in BACKENDS:
         out.append(Contender(f"floor/{b}", "floor", b, "raw driver INSERT + COMMIT (floor)"))
     return out
@@ -80,8 +88,11 @@ def select(contenders: list[Contender], only: str | None) -> list[Contender]:
     aliases = {"pg": "postgres", "postgresql": "postgres", "mysql": "mariadb"}
     tokens = {aliases.get(t, t) for t in tokens}
     return [
-        c for c in contenders
-        if c.backend in tokens or c.kind in tokens or c.key in tokens
+        c
+        for c in contenders
+        if c.backend in tokens
+        or c.kind in tokens
+        or c.key in tokens
         or (c.kind.startswith("firm") and "firm" in tokens)
     ]
 
@@ -154,6 +165,12 @@ class Fleet:
         self.workers = []
 
 
+def rotated(cs: list[Contender], rnd: int) -> list[Contender]:
+    """The contender order for round ``rnd``: rotated, so nobody is always first or last."""
+    k = rnd % len(cs) if cs else 0
+    return cs[k:] + cs[:k]
+
+
 def chan(scenario: str, rnd: int, c: Contender) -> str:
     # Valid as a PostgreSQL identifier too (raw LISTEN uses it as one).
     return f"bench_{scenario}_{rnd}_{c.serial}"
@@ -163,8 +180,14 @@ def chan(scenario: str, rnd: int, c: Contender) -> str:
 
 
 def measure_delivery(
-    ctx: Any, c: Contender, cfg: Config, channel: str, subs: int, n: int,
-    rate: float | None, max_seconds: float,
+    ctx: Any,
+    c: Contender,
+    cfg: Config,
+    channel: str,
+    subs: int,
+    n: int,
+    rate: float | None,
+    max_seconds: float,
 ) -> dict[str, Any]:
     """Broadcaster process sends ``n`` messages to ``subs`` subscriber processes."""
     fleet = Fleet(ctx)
@@ -181,9 +204,7 @@ def measure_delivery(
         sent = pub.call(
             ("send", channel, n, cfg.gap_min, cfg.gap_max, rate, max_seconds), max_seconds + 60
         )
-        per_sub = [
-            w.call(("collect", sent["sent"], cfg.drain_s), cfg.drain_s + 30) for w in sub_ws
-        ]
+        per_sub = [w.call(("collect", sent["sent"], cfg.drain_s), cfg.drain_s + 30) for w in sub_ws]
     finally:
         fleet.close()
         c.teardown()
@@ -191,11 +212,15 @@ def measure_delivery(
     for r in per_sub:
         lat.extend(r["latencies"])
     return {
-        "sent": sent["sent"], "send_errors": sent["errors"], "send_elapsed": sent["elapsed"],
-        "subs": subs, "delivered": sum(r["delivered"] for r in per_sub),
-        "dups": sum(r["dups"] for r in per_sub), "foreign": sum(r["foreign"] for r in per_sub),
-        "latencies": lat, "per_sub": [{k: v for k, v in r.items() if k != "latencies"}
-                                      for r in per_sub],
+        "sent": sent["sent"],
+        "send_errors": sent["errors"],
+        "send_elapsed": sent["elapsed"],
+        "subs": subs,
+        "delivered": sum(r["delivered"] for r in per_sub),
+        "dups": sum(r["dups"] for r in per_sub),
+        "foreign": sum(r["foreign"] for r in per_sub),
+        "latencies": lat,
+        "per_sub": [{k: v for k, v in r.items() if k != "latencies"} for r in per_sub],
     }
 
 
@@ -239,7 +264,7 @@ def measure_idle(ctx: Any, cs: list[Contender], cfg: Config, rnd: int) -> dict[s
                 f.close()
                 del fleets[c.key]
         time.sleep(1.0)
-        for key, (_, sub, _) in fleets.items():
+        for _, sub, _ in fleets.values():
             sub.call(("mark",))
         time.sleep(cfg.idle_s)
         for key, (_, sub, _) in fleets.items():
@@ -274,12 +299,23 @@ def summarize(scenario: str, r: dict[str, Any]) -> str:
         return "ERROR " + r["error"].splitlines()[0][:200]
     if scenario in ("latency", "fanout", "sustained"):
         lat = r["latencies"]
-        s = (f"{r['delivered']}/{r['sent'] * r['subs']} dup={r['dups']} "
-             f"p50={pct(lat, 50):.2f} p99={pct(lat, 99):.2f} ms")
+        s = (
+            f"{r['delivered']}/{r['sent'] * r['subs']} dup={r['dups']} "
+            f"p50={pct(lat, 50):.2f} p99={pct(lat, 99):.2f} ms"
+        )
         if scenario == "sustained":
             ps = r["per_sub"][0]
             s += f" rate={r['sent'] / max(r['send_elapsed'], 1e-9):.0f}/s"
             s += f" cpu={100 * ps['cpu_s'] / max(ps['wall_s'], 1e-9):.1f}%"
+        return s
+    if scenario == "idle":
+        if "idle" not in r:
+            return "no result"
+        i = r["idle"]
+        s = f"cpu={100 * i['cpu_s'] / max(i['wall_s'], 1e-9):.2f}%"
+        f = r.get("first")
+        if f:
+            s += f" first={f['latencies'][0]:.2f} ms" if f["latencies"] else " first=LOST"
         return s
     if scenario == "throughput":
         s = f"{r['single']['rate']:.0f}/s"
@@ -298,10 +334,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="flask-firm-channel vs firm-channel 1.0.0, Redis, LISTEN/NOTIFY, raw floor.",
     )
     p.add_argument("--quick", action="store_true", help="small counts, one round (< 2 min)")
-    p.add_argument("--only", help="comma list of backends/kinds/keys: sqlite,postgres,mariadb,"
-                   "ours,firm,firm100,firm10,redis,pgnotify,floor")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help=f"comma list of {','.join(SCENARIOS)}")
+    p.add_argument(
+        "--only",
+        help="comma list of backends/kinds/keys: sqlite,postgres,mariadb,"
+        "ours,firm,firm100,firm10,redis,pgnotify,floor",
+    )
+    p.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help=f"comma list of {','.join(SCENARIOS)}"
+    )
     p.add_argument("--rounds", type=int, help="rounds per measurement (median is reported)")
     p.add_argument("--out", default="docs", help="where benchmarks.md and latency.png go")
     p.add_argument("--no-write", action="store_true", help="print only; write no docs")
@@ -336,53 +376,65 @@ def main(argv: list[str] | None = None) -> int:
         c.prepare(tmp.name, i)
     results: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in scenarios}
 
-    def record(scenario: str, c: Contender, fn: Any) -> None:
+    def record(scenario: str, c: Contender, fn: Any, *fn_args: Any) -> None:
         t0 = time.monotonic()
         try:
-            r = fn()
+            r = fn(ctx, c, cfg, *fn_args)
         except Exception as exc:  # noqa: BLE001 — one failure never stops the run
             r = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
         results[scenario].setdefault(c.key, []).append(r)
-        log(f"  {scenario:<10} {c.key:<18} {summarize(scenario, r)}  "
-            f"[{time.monotonic() - t0:.1f} s]")
+        log(
+            f"  {scenario:<10} {c.key:<18} {summarize(scenario, r)}  "
+            f"[{time.monotonic() - t0:.1f} s]"
+        )
 
     subscribable = [c for c in contenders if c.can_subscribe]
     # firm-channel's publish path does not depend on its polling interval: measure it once.
     publishers = [c for c in contenders if not (c.kind == "firm" and c.interval != 0.1)]
+    sustained_n = int(cfg.sustained_rate * cfg.sustained_s)
     try:
         for rnd in range(cfg.rounds):
-            def rotated(cs: list[Contender], r: int = rnd) -> list[Contender]:
-                k = r % len(cs) if cs else 0
-                return cs[k:] + cs[:k]
-
             log(f"round {rnd + 1}/{cfg.rounds}  ({time.time() - started:.0f} s elapsed)")
             if "latency" in scenarios:
-                for c in rotated(subscribable):
-                    record("latency", c, lambda c=c: measure_delivery(
-                        ctx, c, cfg, chan("lat", rnd, c), 1, cfg.lat_n, None, 60))
+                for c in rotated(subscribable, rnd):
+                    record(
+                        "latency", c, measure_delivery, chan("lat", rnd, c), 1, cfg.lat_n, None, 60
+                    )
             if "fanout" in scenarios:
-                for c in rotated(subscribable):
-                    record("fanout", c, lambda c=c: measure_delivery(
-                        ctx, c, cfg, chan("fan", rnd, c), cfg.fanout_subs, cfg.fanout_n, None,
-                        60))
+                for c in rotated(subscribable, rnd):
+                    record(
+                        "fanout",
+                        c,
+                        measure_delivery,
+                        chan("fan", rnd, c),
+                        cfg.fanout_subs,
+                        cfg.fanout_n,
+                        None,
+                        60,
+                    )
             if "sustained" in scenarios and rnd < cfg.sustained_rounds:
-                n = int(cfg.sustained_rate * cfg.sustained_s)
-                for c in rotated(subscribable):
-                    record("sustained", c, lambda c=c: measure_delivery(
-                        ctx, c, cfg, chan("sus", rnd, c), 1, n, cfg.sustained_rate,
-                        cfg.sustained_s * 1.5))
+                for c in rotated(subscribable, rnd):
+                    record(
+                        "sustained",
+                        c,
+                        measure_delivery,
+                        chan("sus", rnd, c),
+                        1,
+                        sustained_n,
+                        cfg.sustained_rate,
+                        cfg.sustained_s * 1.5,
+                    )
             if "throughput" in scenarios:
-                for c in rotated(publishers):
-                    record("throughput", c, lambda c=c: measure_throughput(
-                        ctx, c, cfg, chan("tp", rnd, c)))
+                for c in rotated(publishers, rnd):
+                    record("throughput", c, measure_throughput, chan("tp", rnd, c))
             if "idle" in scenarios and subscribable:
                 t0 = time.monotonic()
-                res = measure_idle(ctx, rotated(subscribable), cfg, rnd)
+                res = measure_idle(ctx, rotated(subscribable, rnd), cfg, rnd)
                 for key, r in res.items():
                     results["idle"].setdefault(key, []).append(r)
-                log(f"  idle       {len(res)} contenders together "
-                    f"[{time.monotonic() - t0:.1f} s]")
+                    log(f"  idle       {key:<18} {summarize('idle', r)}")
+                log(f"  idle: {len(res)} contenders side by side [{time.monotonic() - t0:.1f} s]")
     except KeyboardInterrupt:
         notes.append("The run was interrupted; tables show the rounds that finished.")
         log("interrupted: reporting what finished")
@@ -398,14 +450,22 @@ def main(argv: list[str] | None = None) -> int:
     from . import report
 
     meta = report.machine_info()
-    meta.update({"elapsed_s": elapsed, "quick": cfg.quick, "rounds": cfg.rounds,
-                 "config": cfg.__dict__, "argv": sys.argv[1:] if argv is None else argv,
-                 "notes": notes})
+    meta.update(
+        {
+            "elapsed_s": elapsed,
+            "quick": cfg.quick,
+            "rounds": cfg.rounds,
+            "config": cfg.__dict__,
+            "argv": sys.argv[1:] if argv is None else argv,
+            "notes": notes,
+        }
+    )
     os.makedirs("bench/results", exist_ok=True)
     raw_path = time.strftime("bench/results/run-%Y%m%d-%H%M%S.json")
     with open(raw_path, "w") as fh:
-        json.dump({"meta": meta, "results": results,
-                   "contenders": [c.__dict__ for c in contenders]}, fh)
+        json.dump(
+            {"meta": meta, "results": results, "contenders": [c.__dict__ for c in contenders]}, fh
+        )
     md = report.render(contenders, results, meta, cfg)
     print(md)
     if not args.no_write:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 import threading
 import time
 import traceback
@@ -34,8 +35,9 @@ def make_payload(seq: int) -> bytes:
 
 
 def cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
+    """User + system CPU of this whole process (all threads), microsecond resolution."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 class Recorder:
@@ -110,17 +112,19 @@ def main(spec: dict[str, Any], conn: Any) -> None:
                     time.sleep(0.002)
                 cpu, wall, st = cpu_seconds(), time.monotonic(), stats()
                 with rec.lock:
-                    conn.send({
-                        "latencies": list(rec.latencies),
-                        "delivered": len(rec.seen),
-                        "dups": rec.dups,
-                        "foreign": rec.foreign,
-                        "calls": rec.calls,
-                        "cpu_s": cpu - mark["cpu"],
-                        "wall_s": wall - mark["wall"],
-                        "stats_before": mark["stats"],
-                        "stats_after": st,
-                    })
+                    conn.send(
+                        {
+                            "latencies": list(rec.latencies),
+                            "delivered": len(rec.seen),
+                            "dups": rec.dups,
+                            "foreign": rec.foreign,
+                            "calls": rec.calls,
+                            "cpu_s": cpu - mark["cpu"],
+                            "wall_s": wall - mark["wall"],
+                            "stats_before": mark["stats"],
+                            "stats_after": st,
+                        }
+                    )
             elif op == "send":
                 _, channel, n, gap_min, gap_max, rate, max_seconds = cmd
                 conn.send(paced_send(adapter, channel, n, gap_min, gap_max, rate, max_seconds))
@@ -141,7 +145,12 @@ def main(spec: dict[str, Any], conn: Any) -> None:
 
 
 def paced_send(
-    adapter: Any, channel: str, n: int, gap_min: float, gap_max: float, rate: float | None,
+    adapter: Any,
+    channel: str,
+    n: int,
+    gap_min: float,
+    gap_max: float,
+    rate: float | None,
     max_seconds: float,
 ) -> dict[str, Any]:
     """Send ``n`` messages: random gaps in [gap_min, gap_max], or on a ``rate``-per-second
