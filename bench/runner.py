@@ -307,6 +307,9 @@ def summarize(scenario: str, r: dict[str, Any]) -> str:
             ps = r["per_sub"][0]
             s += f" rate={r['sent'] / max(r['send_elapsed'], 1e-9):.0f}/s"
             s += f" cpu={100 * ps['cpu_s'] / max(ps['wall_s'], 1e-9):.1f}%"
+            from .report import rows_per_message
+
+            s += f" rows/msg={rows_per_message(ps):.2f}"
         return s
     if scenario == "idle":
         if "idle" not in r:
