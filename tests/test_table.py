@@ -85,9 +85,9 @@ def test_column_types_per_dialect(make_app: Callable[..., Any], backend: str) ->
             "created_at": "timestamp without time zone",
         }
         assert info["created_at"]["datetime_precision"] == 6
-        assert "nextval" in (info["id"]["column_default"] or "") or info["id"][
-            "is_identity"
-        ] == "YES"
+        assert (
+            "nextval" in (info["id"]["column_default"] or "") or info["id"]["is_identity"] == "YES"
+        )
         assert all(info[col]["is_nullable"] == "NO" for col in COLUMNS)
     else:
         types = {col: info[col]["column_type"].lower() for col in COLUMNS}
@@ -172,9 +172,7 @@ def test_table_is_on_db_metadata(make_app: Callable[..., Any], table_name: str) 
         assert list(fc.table.c.keys()) == COLUMNS
 
 
-def test_table_on_bind_metadata(
-    make_app: Callable[..., Any], db_url: str, table_name: str
-) -> None:
+def test_table_on_bind_metadata(make_app: Callable[..., Any], db_url: str, table_name: str) -> None:
     app, db, fc = make_app(SQLALCHEMY_BINDS={"events": db_url}, FIRM_CHANNEL_BIND_KEY="events")
     with app.app_context():
         assert fc.table is db.metadatas["events"].tables[table_name]
@@ -231,9 +229,7 @@ def test_default_table_name() -> None:
     assert FirmChannel.state(app).table is db.metadata.tables["firm_channel_messages"]
 
 
-def test_init_app_does_not_create_the_table(
-    make_app: Callable[..., Any], table_name: str
-) -> None:
+def test_init_app_does_not_create_the_table(make_app: Callable[..., Any], table_name: str) -> None:
     app, db, fc = make_app(create_table=False)
     with app.app_context():
         assert not sa.inspect(db.engine).has_table(table_name)
