@@ -106,6 +106,20 @@ class Listener:
         self._health.running = True
         self._thread.start()
 
+    def resume_from(self, previous: Listener) -> None:
+        """Continue from ``previous``'s read position (call before :meth:`start`).
+
+        A forked child inherits its parent's memory, including what the parent's callbacks
+        already did; starting again from the subscription anchors would replay every message
+        the parent delivered since it subscribed (a gunicorn worker re-forked a day later would
+        replay a day of messages). Carrying the high-water mark and open gaps over delivers
+        each message once per process image without skipping late commits.
+        """
+        self._high_water = previous._high_water
+        self._gaps = list(previous._gaps)
+        self._not_before = previous._not_before
+        self._newest_seen = previous._newest_seen
+
     def wake(self) -> None:
         """Poll now (a broadcast in this process, a subscription change, a hint)."""
         self._wake.set()

@@ -134,6 +134,9 @@ class PubSub:
 
     def start(self) -> None:
         """Start this process's listener thread if it is not running. Idempotent."""
+        self._start()
+
+    def _start(self, resume: Listener | None = None) -> None:
         with self._lock:
             if self._closed:
                 raise RuntimeError("this PubSub is closed")
@@ -151,6 +154,8 @@ class PubSub:
             hint = make_hint(self.dialect, self.table, self.settings, on_wake, interested)
             listener = Listener(self.engine, self.table, self.settings, self._registry, hint)
             listener_ref.append(listener)
+            if resume is not None:
+                listener.resume_from(resume)
             listener.start()
             self._listener = listener
 
@@ -206,14 +211,13 @@ class PubSub:
         on fresh connections, keeping the subscriptions it inherited."""
         self._lock = threading.RLock()
         self._registry.after_fork()
-        had_listener = self._listener is not None
-        self._listener = None
+        previous, self._listener = self._listener, None
         self._trimmer = Trimmer(self.dialect, self.table, self.settings)
         self._pid = os.getpid()
         # The pool's connections belong to the parent; drop them without closing them.
         self.engine.dispose(close=False)
-        if had_listener and not self._closed and len(self._registry):
-            self.start()
+        if previous is not None and not self._closed and len(self._registry):
+            self._start(resume=previous)
 
     def __repr__(self) -> str:
         return f"<PubSub {self.table.name} on {self.engine.url!r} listening={self.listening}>"
