@@ -3,6 +3,7 @@
 Commands (tuples) and replies (dicts):
 
 - ``("subscribe", channel)`` — subscribe a recording callback.
+- ``("warm", channel)`` — one broadcast on a channel nobody measures.
 - ``("mark",)`` — start a measurement window: forget what was received, note CPU and counters.
 - ``("collect", expected, timeout)`` — wait (bounded) until ``expected`` distinct messages
   arrived since the mark, then report latencies, duplicates, CPU and rows read for the window.
@@ -97,6 +98,11 @@ def main(spec: dict[str, Any], conn: Any) -> None:
         try:
             if op == "subscribe":
                 adapter.subscribe(cmd[1], rec)
+                conn.send({"ok": True})
+            elif op == "warm":
+                # One broadcast on another channel: the connection is open and the statement
+                # cached, so a measurement starts from a warm publisher, as in a running app.
+                adapter.broadcast(cmd[1], make_payload(0))
                 conn.send({"ok": True})
             elif op == "mark":
                 rec.reset()
