@@ -159,8 +159,13 @@ def test_several_broadcaster_processes_into_one_subscriber(
     subscriber.expect("READY")
     broadcasters = [
         procs(
-            "tests/proc_broadcaster.py", db_url, table_name, name, str(per_channel),
-            f"own-{name}", "shared",
+            "tests/proc_broadcaster.py",
+            db_url,
+            table_name,
+            name,
+            str(per_channel),
+            f"own-{name}",
+            "shared",
         )
         for name in names
     ]
@@ -273,13 +278,26 @@ def test_gunicorn_preload_workers_each_receive(
     }
     env.pop("FLASK_RUN_FROM_CLI", None)
     args = [
-        sys.executable, "-m", "gunicorn", "--preload", "--workers", "2",
-        "--worker-class", "gthread", "--threads", "2", "--graceful-timeout", "3",
-        "--bind", f"unix:{tmp_path / 'gunicorn.sock'}", "tests.gunicorn_app:app",
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "--preload",
+        "--workers",
+        "2",
+        "--worker-class",
+        "gthread",
+        "--threads",
+        "2",
+        "--graceful-timeout",
+        "3",
+        "--bind",
+        f"unix:{tmp_path / 'gunicorn.sock'}",
+        "tests.gunicorn_app:app",
     ]
     with open(log_path, "w") as log:
         master = subprocess.Popen(args, cwd=REPO_DIR, env=env, stdout=log, stderr=log)
     try:
+
         def booted() -> bool:
             if master.poll() is not None:
                 pytest.fail(f"gunicorn exited {master.returncode}:\n{log_path.read_text()}")
