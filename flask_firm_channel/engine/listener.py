@@ -27,6 +27,7 @@ from sqlalchemy import Connection, Engine, Row, Table, and_, func, or_, select
 
 from .settings import Settings
 from .subscriptions import Snapshot, SubscriptionRegistry
+from .table import channel_hash
 from .wake import WakeHint
 
 log = logging.getLogger("flask_firm_channel")
@@ -45,6 +46,11 @@ class ListenerHealth:
     wake_mode: str = "poll"
     wake_healthy: bool = True
     wakes: int = 0
+    #: Failures and reconnections of the wake hint (its connection dropped, say); while it
+    #: is unhealthy the listener polls every ``polling_interval``.
+    wake_errors: int = 0
+    wake_reconnects: int = 0
+    wake_last_error: str | None = None
     polls: int = 0
     rows_read: int = 0
     delivered: int = 0
@@ -97,6 +103,8 @@ class Listener:
         self._not_before: datetime | None = None
         self._newest_seen: datetime | None = None
         self._last_reset_check = 0.0
+        #: Channel hashes whose rows every earlier read included.
+        self._followed: frozenset[int] = frozenset()
         self._health = ListenerHealth(wake_mode=hint.mode)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -119,6 +127,7 @@ class Listener:
         self._gaps = list(previous._gaps)
         self._not_before = previous._not_before
         self._newest_seen = previous._newest_seen
+        self._followed = previous._followed
 
     def wake(self) -> None:
         """Poll now (a broadcast in this process, a subscription change, a hint)."""
@@ -144,6 +153,9 @@ class Listener:
             wake_mode=hint.mode,
             wake_healthy=hint.healthy,
             wakes=hint.wakes,
+            wake_errors=hint.errors,
+            wake_reconnects=hint.reconnects,
+            wake_last_error=hint.last_error,
             high_water=self._high_water,
             open_gaps=len(self._gaps),
         )
@@ -208,22 +220,62 @@ class Listener:
         snap = self._registry.snapshot()
         self._health.last_poll_at = time.time()
         if not snap.hashes:
+            self._followed = frozenset()
             return 0
         conn = self._connection()
         if self._high_water is None or snap.pending():
             self._anchor(conn, snap)
         assert self._high_water is not None
         self._expire_gaps()
+        read = 0
+        added = snap.hash_set - self._followed
+        if added:
+            read += self._catch_up(conn, added)
+        self._followed = snap.hash_set
         rows = self._read_new(conn, snap)
+        read += len(rows)
         self._health.polls += 1
         self._health.rows_read += len(rows)
+        # Dispatch against the newest subscriptions: one made while the query ran must still
+        # get the rows above its anchor.
+        current = self._registry.snapshot()
         first_new_gap = len(self._gaps)
         for row in rows:
-            self._accept(row, snap)
+            self._accept(row, current)
         if len(self._gaps) > first_new_gap:
             self._close_foreign_gaps(conn, snap, self._gaps[first_new_gap:])
         if not rows:
             self._check_for_reset(conn)
+        return read
+
+    def _catch_up(self, conn: Connection, added: frozenset[int]) -> int:
+        """Channels subscribed since the last poll were not part of earlier reads: fetch
+        their rows between their anchor and the high-water mark once."""
+        assert self._high_water is not None
+        snap = self._registry.snapshot()
+        from_id = min(
+            (
+                s.anchor
+                for ch, subs in snap.by_channel.items()
+                for s in subs
+                if s.anchor is not None and channel_hash(ch) in added
+            ),
+            default=self._high_water,
+        )
+        if from_id >= self._high_water:
+            return 0
+        t = self._table
+        rows = list(
+            conn.execute(
+                select(t.c.id, t.c.channel, t.c.payload, t.c.created_at)
+                .where(t.c.channel_hash.in_(added), t.c.id > from_id)
+                .where(t.c.id <= self._high_water)
+                .order_by(t.c.id)
+            )
+        )
+        self._health.rows_read += len(rows)
+        for row in rows:
+            self._accept(row, snap)
         return len(rows)
 
     def _anchor(self, conn: Connection, snap: Snapshot) -> None:
@@ -231,6 +283,7 @@ class Listener:
         for sub in snap.pending():
             sub.anchor = max_id
         if self._high_water is None:
+            self._followed = snap.hash_set
             # Start below the oldest anchor, so a subscription made before this listener
             # existed (for instance in a gunicorn master before the fork) loses nothing.
             anchors = [s.anchor for subs in snap.by_channel.values() for s in subs]

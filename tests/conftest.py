@@ -1,0 +1,194 @@
+"""Fixtures: every backend test runs on SQLite, PostgreSQL and MariaDB/MySQL.
+
+Server URLs come from ``FIRM_CHANNEL_TEST_POSTGRES_URL`` / ``FIRM_CHANNEL_TEST_MYSQL_URL``
+(defaults: the local servers). A server that cannot be reached is skipped with a loud
+reason on a developer's machine; under ``CI=true`` it is a failure instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+
+from flask_firm_channel import FirmChannel, PubSub, Settings, message_table
+
+SERVER_URLS = {
+    "postgresql": os.environ.get(
+        "FIRM_CHANNEL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+    ),
+    "mysql": os.environ.get(
+        "FIRM_CHANNEL_TEST_MYSQL_URL", "mysql+pymysql://root@127.0.0.1:3306/test"
+    ),
+}
+BACKENDS = ["sqlite", "postgresql", "mysql"]
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+_reachable: dict[str, str | None] = {}
+_skipped_backends: set[str] = set()
+
+
+def _unreachable_reason(backend: str) -> str | None:
+    """None if the server answers, else why not (checked once per session)."""
+    if backend == "sqlite":
+        return None
+    if backend not in _reachable:
+        engine = sa.create_engine(SERVER_URLS[backend], connect_args=_connect_timeout(backend))
+        try:
+            with engine.connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+            _reachable[backend] = None
+        except Exception as exc:  # noqa: BLE001 - any failure means "not available"
+            _reachable[backend] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        finally:
+            engine.dispose()
+    return _reachable[backend]
+
+
+def _connect_timeout(backend: str) -> dict[str, Any]:
+    return {"connect_timeout": 3}
+
+
+def require_backend(backend: str) -> None:
+    reason = _unreachable_reason(backend)
+    if reason is None:
+        return
+    message = f"{backend} server at {SERVER_URLS[backend]} is unreachable ({reason})"
+    if IN_CI:
+        pytest.fail(f"CI=true requires every backend: {message}", pytrace=False)
+    _skipped_backends.add(backend)
+    pytest.skip(f"SKIPPING {backend.upper()}: {message}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _skipped_backends:
+        terminalreporter.section("BACKENDS NOT TESTED", sep="!", red=True, bold=True)
+        for backend in sorted(_skipped_backends):
+            terminalreporter.write_line(
+                f"{backend}: no server at {SERVER_URLS[backend]} "
+                f"({_reachable.get(backend)}); its tests were SKIPPED",
+                red=True,
+                bold=True,
+            )
+        terminalreporter.write_line(
+            "Start the server (see README, 'Running the tests') to test every backend.",
+            red=True,
+        )
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    require_backend(request.param)
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, tmp_path: Any) -> str:
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'firm_channel.db'}"
+    return SERVER_URLS[backend]
+
+
+@pytest.fixture
+def table_name() -> str:
+    return f"fc_test_{uuid.uuid4().hex[:10]}"
+
+
+def firm_channel_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("firm-channel-")]
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.005) -> Any:
+    """Poll ``condition`` until it is truthy; fail with a clear message at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {condition}")
+        time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads() -> Iterator[None]:
+    """A listener, notify or trimmer thread left running after a test is a failure."""
+    before = set(firm_channel_threads())
+    yield
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        leaked = [t for t in firm_channel_threads() if t not in before and t.is_alive()]
+        if not leaked:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"threads left running: {[t.name for t in leaked]}")
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[sa.Engine]:
+    eng = sa.create_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def table(engine: sa.Engine, table_name: str) -> Iterator[sa.Table]:
+    tbl = message_table(sa.MetaData(), table_name)
+    tbl.create(engine)
+    yield tbl
+    tbl.drop(engine, checkfirst=True)
+
+
+@pytest.fixture
+def make_pubsub(engine: sa.Engine, table: sa.Table) -> Iterator[Callable[..., PubSub]]:
+    """``make_pubsub(**settings)``: an engine-level PubSub on the test table, closed after."""
+    made: list[PubSub] = []
+
+    def make(**settings: Any) -> PubSub:
+        ps = PubSub(engine, table, Settings(**settings))
+        made.append(ps)
+        return ps
+
+    yield make
+    for ps in made:
+        ps.close()
+
+
+@pytest.fixture
+def make_app(
+    db_url: str, table_name: str
+) -> Iterator[Callable[..., tuple[Flask, SQLAlchemy, FirmChannel]]]:
+    """``make_app(**config)``: a fresh Flask app + Flask-SQLAlchemy + FirmChannel with the
+    message table created; everything is closed and dropped afterwards."""
+    made: list[tuple[Flask, SQLAlchemy, FirmChannel]] = []
+
+    def make(create_table: bool = True, **config: Any) -> tuple[Flask, SQLAlchemy, FirmChannel]:
+        app = Flask(f"test_app_{len(made)}")
+        app.config.update(SQLALCHEMY_DATABASE_URI=db_url, **config)
+        db = SQLAlchemy(app)
+        fc = FirmChannel(app, table_name=table_name)
+        made.append((app, db, fc))
+        if create_table:
+            with app.app_context():
+                db.create_all()
+        return app, db, fc
+
+    yield make
+    for app, db, fc in reversed(made):
+        fc.close(app)
+        with app.app_context():
+            fc.table.drop(db.engine, checkfirst=True)
+            db.engine.dispose()
+
+
+def row_count(engine: sa.Engine, table: sa.Table) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() or 0)
