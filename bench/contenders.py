@@ -267,11 +267,12 @@ class FirmAdapter:
         from firm._core.database import create_engine_for
         from firm.channel import Channel, messages
 
-        self.rows_read = 0
+        self.rows_read = self.polls = 0
         original = messages.fetch_since
 
         def counting_fetch_since(conn: Any, hashes: Any, after_id: int) -> Any:
             rows = original(conn, hashes, after_id)
+            self.polls += 1
             self.rows_read += len(rows)
             return rows
 
@@ -293,7 +294,7 @@ class FirmAdapter:
         raise NotImplementedError("firm-channel 1.0.0 has no broadcast_many")
 
     def stats(self) -> dict[str, Any]:
-        return {"rows_read": self.rows_read}
+        return {"rows_read": self.rows_read, "polls": self.polls}
 
     def close(self) -> None:
         self.ch.close()

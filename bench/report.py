@@ -111,7 +111,7 @@ def ratio(v: float, ref: float | None) -> str:
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out += ["| " + " | ".join(r + [""] * (len(header) - len(r))) + " |" for r in rows]
     return "\n".join(out)
 
 
@@ -177,10 +177,16 @@ def idle(runs: list[dict[str, Any]] | None) -> dict[str, float]:
         b, a = r["idle"].get("stats_before") or {}, r["idle"].get("stats_after") or {}
         if a.get("rows_read") is not None and b.get("rows_read") is not None:
             rows.append(a["rows_read"] - b["rows_read"])
+    polls = []
+    for r in good:
+        b, a = r["idle"].get("stats_before") or {}, r["idle"].get("stats_after") or {}
+        if a.get("polls") is not None and b.get("polls") is not None:
+            polls.append((a["polls"] - b["polls"]) / max(r["idle"]["wall_s"], 1e-9))
     firsts = [r["first"] for r in good if "first" in r]
     return {
         "cpu": median(cpu),
         "rows": median(rows) if rows else math.nan,
+        "polls": median(polls) if polls else math.nan,
         "first": median(f["latencies"][0] if f["latencies"] else math.nan for f in firsts),
         "first_sent": len(firsts),
         "first_delivered": sum(f["delivered"] for f in firsts),
@@ -193,6 +199,20 @@ def ref_key(c: Any) -> str | None:
 
 
 # -- render ----------------------------------------------------------------------------------
+
+
+ANALYSIS_MARKER = "<!-- hand-written analysis below: kept when the tables are regenerated -->"
+
+
+def kept_analysis(path: str) -> str:
+    """The hand-written part of an existing ``benchmarks.md`` (after the marker), if any."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return ""
+    k = text.find(ANALYSIS_MARKER)
+    return text[k:] if k >= 0 else ""
 
 
 def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: Any) -> str:
@@ -482,7 +502,11 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         add(
             f"All subscribed processes idle side by side for {cfg.idle_s:.0f} s (CPU of the whole "
             "subscriber process, % of one core); then each gets one message, one contender at a "
-            "time."
+            f"time; {cfg.idle_windows} such windows per round, medians over all of them. Table "
+            "queries: the listener's polls of the message table (flask-firm-channel's "
+            "`health().polls`; firm-channel's `fetch_since` calls). The first message is sent by "
+            "a broadcaster process that has published before (a warm connection, as in a running "
+            "app)."
         )
         add("")
         rows = []
@@ -497,6 +521,7 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
                     BACKEND_LABEL[c.backend],
                     num(m["cpu"], 2),
                     ratio(m["cpu"], ref("idle", idle, c, "cpu")),
+                    num(m["polls"], 1),
                     num(m["rows"]) if not math.isnan(m["rows"]) else "—",
                     ms(m["first"]),
                     f"{m['first_delivered']}/{m['first_sent']}",
@@ -510,6 +535,7 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
                     "backend",
                     "idle CPU %",
                     "CPU ×",
+                    "table queries / s",
                     "rows read while idle",
                     "first message ms",
                     "delivered/sent",
@@ -601,6 +627,13 @@ def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
             for c, m in zip(ours, idl, strict=True)
         ]
     )
+    modes = []
+    for c in ours:
+        mode = "—"
+        for r in ok_runs(results.get("latency", {}).get(c.key)):
+            mode = str(r["per_sub"][0].get("stats_after", {}).get("wake_mode", mode))
+        modes.append(mode)
+    rows.insert(0, ["wake hint in use (`health().wake_mode`)", *(f"`{m}`" for m in modes)])
     loss_cells = []
     for c in ours:
         lost = dups = 0
@@ -636,7 +669,7 @@ def plot(contenders: list[Any], results: Results, path: str) -> None:
     if not backends:
         return
     fig, axes = plt.subplots(
-        1, len(backends), figsize=(5.2 * len(backends), 4.2), sharey=True, squeeze=False
+        1, len(backends), figsize=(5.2 * len(backends), 5.4), sharey=True, squeeze=False
     )
     style = {
         "ours": dict(color="#1f6feb", lw=2.4, ls="-"),
@@ -661,7 +694,7 @@ def plot(contenders: list[Any], results: Results, path: str) -> None:
         ax.set_title(BACKEND_LABEL[b])
         ax.set_xlabel("cross-process latency, ms (log)")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     axes[0][0].set_ylabel("share of messages delivered within")
     fig.suptitle("Broadcast → callback in another process (all rounds pooled)", fontsize=11)
     fig.tight_layout()

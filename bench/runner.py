@@ -51,6 +51,7 @@ class Config:
     tp_n: int = 5000
     many_batch: int = 100
     idle_s: float = 10.0
+    idle_windows: int = 2
     drain_s: float = 5.0
     quick: bool = False
 
@@ -63,6 +64,7 @@ QUICK = Config(
     sustained_rounds=1,
     tp_n=500,
     idle_s=3.0,
+    idle_windows=1,
     drain_s=3.0,
     quick=True,
 )
@@ -253,19 +255,27 @@ def measure_throughput(ctx: Any, c: Contender, cfg: Config, channel: str) -> dic
     return out
 
 
-def measure_idle(ctx: Any, cs: list[Contender], cfg: Config, rnd: int) -> dict[str, Any]:
-    """All subscribed processes idle together for ``idle_s``; then one message each, in turn."""
-    out: dict[str, Any] = {}
+def measure_idle(
+    ctx: Any, cs: list[Contender], cfg: Config, rnd: int
+) -> dict[str, list[dict[str, Any]]]:
+    """All subscribed processes idle together for ``idle_s``; then each gets one message, one
+    contender at a time. ``idle_windows`` times over the same processes."""
+    out: dict[str, list[dict[str, Any]]] = {c.key: [] for c in cs}
     fleets: dict[str, tuple[Fleet, Worker, Worker]] = {}
+
+    def fail(key: str, exc: BaseException) -> None:
+        out[key].append({"error": f"{type(exc).__name__}: {exc}"})
+        if key in fleets:
+            fleets.pop(key)[0].close()
+
     try:
         for c in cs:
             try:
                 c.setup()
                 f = Fleet(ctx)
-                sub, pub = f.spawn(c.spec)[0], f.spawn(c.spec)[0]
-                fleets[c.key] = (f, sub, pub)
+                fleets[c.key] = (f, f.spawn(c.spec)[0], f.spawn(c.spec)[0])
             except Exception as exc:  # noqa: BLE001
-                out[c.key] = {"error": str(exc)}
+                fail(c.key, exc)
         for c in cs:
             if c.key not in fleets:
                 continue
@@ -275,35 +285,41 @@ def measure_idle(ctx: Any, cs: list[Contender], cfg: Config, rnd: int) -> dict[s
                 pub.call(("warm", chan("idle", rnd, c) + "_warm"))
                 sub.call(("subscribe", chan("idle", rnd, c)))
             except Exception as exc:  # noqa: BLE001
-                out[c.key] = {"error": str(exc)}
-                f.close()
-                del fleets[c.key]
-        time.sleep(1.0)
-        for _, sub, _ in fleets.values():
-            sub.call(("mark",))
-        time.sleep(cfg.idle_s)
-        for key, (_, sub, _) in fleets.items():
-            out[key] = {"idle": sub.call(("collect", 0, 0), 30)}
-        for c in cs:
-            if c.key not in fleets:
-                continue
-            _, sub, pub = fleets[c.key]
-            try:
-                sub.call(("mark",))
-                pub.call(("send", chan("idle", rnd, c), 1, 0, 0, None, 10), 30)
-                first = sub.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
-                out[c.key]["first"] = first
-            except Exception as exc:  # noqa: BLE001
-                out[c.key]["error"] = str(exc)
-            time.sleep(0.2)
+                fail(c.key, exc)
+        for _ in range(cfg.idle_windows):
+            time.sleep(1.0)  # past any "recent traffic" fast mode
+            for key in list(fleets):
+                try:
+                    fleets[key][1].call(("mark",))
+                except Exception as exc:  # noqa: BLE001
+                    fail(key, exc)
+            time.sleep(cfg.idle_s)
+            window: dict[str, dict[str, Any]] = {}
+            for key in list(fleets):
+                try:
+                    window[key] = {"idle": fleets[key][1].call(("collect", 0, 0), 30)}
+                except Exception as exc:  # noqa: BLE001
+                    fail(key, exc)
+            for c in cs:
+                if c.key not in fleets or c.key not in window:
+                    continue
+                _, sub, pub = fleets[c.key]
+                try:
+                    sub.call(("mark",))
+                    pub.call(("send", chan("idle", rnd, c), 1, 0, 0, None, 10), 30)
+                    window[c.key]["first"] = sub.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
+                    out[c.key].append(window[c.key])
+                except Exception as exc:  # noqa: BLE001
+                    fail(c.key, exc)
+                time.sleep(0.2)
     finally:
         for c in cs:
             if c.key in fleets:
                 fleets[c.key][0].close()
-                try:
-                    c.teardown()
-                except Exception as exc:  # noqa: BLE001
-                    log(f"  teardown {c.key}: {exc}")
+            try:
+                c.teardown()
+            except Exception as exc:  # noqa: BLE001
+                log(f"  teardown {c.key}: {exc}")
     return out
 
 
@@ -452,9 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             if "idle" in scenarios and subscribable:
                 t0 = time.monotonic()
                 res = measure_idle(ctx, rotated(subscribable, rnd), cfg, rnd)
-                for key, r in res.items():
-                    results["idle"].setdefault(key, []).append(r)
-                    log(f"  idle       {key:<18} {summarize('idle', r)}")
+                for key, windows in res.items():
+                    results["idle"].setdefault(key, []).extend(windows)
+                    for r in windows:
+                        log(f"  idle       {key:<18} {summarize('idle', r)}")
                 log(f"  idle: {len(res)} contenders side by side [{time.monotonic() - t0:.1f} s]")
     except KeyboardInterrupt:
         notes.append("The run was interrupted; tables show the rounds that finished.")
@@ -491,8 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     if not args.no_write:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "benchmarks.md"), "w") as fh:
-            fh.write(md)
+        md_path = os.path.join(args.out, "benchmarks.md")
+        analysis = report.kept_analysis(md_path)
+        with open(md_path, "w") as fh:
+            fh.write(md + ("\n" + analysis if analysis else ""))
         report.plot(contenders, results, os.path.join(args.out, "latency.png"))
         log(f"wrote {args.out}/benchmarks.md and {args.out}/latency.png; raw data {raw_path}")
     log(f"total {elapsed:.0f} s")
