@@ -6,14 +6,27 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import Table, func, select
+from sqlalchemy.exc import DBAPIError
 
 from .dialects import Dialect
 from .settings import Duration, Settings, to_seconds
 
 log = logging.getLogger("flask_firm_channel")
+
+#: Attempts per batch when the database rolls it back as a deadlock or serialization failure.
+BATCH_ATTEMPTS = 5
+
+
+def _rolled_back_by_conflict(exc: DBAPIError) -> bool:
+    """SQLSTATE class 40 (deadlock, serialization failure): the database rolled the whole
+    batch back, so it deleted nothing and may simply be tried again. MariaDB reports such
+    deadlocks between concurrent trimmers even with ``SKIP LOCKED``."""
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate.startswith("40")
 
 
 def utcnow() -> datetime:
@@ -62,10 +75,22 @@ class Trimmer:
                 return int(conn.execute(query).scalar() or 0)
         total = 0
         while True:
-            deleted = self._dialect.trim_batch(self._table, cutoff, size)
+            deleted = self._batch(cutoff, size)
             total += deleted
             if deleted == 0:
                 return total
+
+    def _batch(self, cutoff: datetime, size: int) -> int:
+        for attempt in range(1, BATCH_ATTEMPTS + 1):
+            try:
+                return self._dialect.trim_batch(self._table, cutoff, size)
+            except DBAPIError as exc:
+                if attempt == BATCH_ATTEMPTS or not _rolled_back_by_conflict(exc):
+                    raise
+                log.debug("firm-channel trim batch rolled back (%s); retrying", exc.orig)
+                # Jitter, so the trimmers that collided do not collide again.
+                time.sleep(random.uniform(0, 0.005 * 2**attempt))
+        raise AssertionError("unreachable")
 
     def maybe_request(self, messages: int = 1) -> None:
         """Called after a broadcast: with probability ~2/batch per message, ask the
@@ -91,9 +116,7 @@ class Trimmer:
                 return
             self._wanted.clear()
             try:
-                deleted = self._dialect.trim_batch(
-                    self._table, self.cutoff(), self._settings.trim_batch_size
-                )
+                deleted = self._batch(self.cutoff(), self._settings.trim_batch_size)
                 self.batches += 1
                 self.deleted += deleted
             except Exception:
