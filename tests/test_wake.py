@@ -419,3 +419,71 @@ def test_out_of_order_commit_is_delivered_once(
     assert len(received) == 4
     assert pubsub.health().open_gaps == 0
     assert pubsub.health().delivered == 5 - 1 + 1  # four on "ooo", one on "other"
+
+
+@pytest.fixture
+def limited_role(engine: sa.Engine, table: sa.Table) -> Iterator[tuple[str, str]]:
+    """A PostgreSQL login role allowed to use the test table: ``(role, url)``. Its connection
+    limit can be lowered so that no *new* connection succeeds while existing ones go on."""
+    role = f"fc_role_{table.name[-10:]}"
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f"GRANT SELECT, INSERT, DELETE ON {table.name} TO {role}")
+    yield role, engine.url.set(username=role).render_as_string(hide_password=False)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :role"),
+            {"role": role},
+        )
+        conn.exec_driver_sql(f"REVOKE ALL ON {table.name} FROM {role}")
+        conn.exec_driver_sql(f"DROP ROLE {role}")
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_listen_connection_that_cannot_come_back_falls_back_to_polling(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    limited_role: tuple[str, str],
+    publisher: PubSub,
+) -> None:
+    role, url = limited_role
+    role_engine = sa.create_engine(url)
+    pubsub = PubSub(
+        role_engine, table, Settings(auto_trim=False, safety_interval=NEVER, polling_interval=0.05)
+    )
+    try:
+        received: list[bytes] = []
+        pubsub.subscribe("outage", received.append)
+        wait_healthy(pubsub)
+        listening = wait_for(lambda: _listen_backends(engine, table), timeout=5)
+        with engine.begin() as conn:
+            # Connections already open stay; no new one is let in (a superuser is not limited,
+            # so the test's own engine and the publisher are unaffected).
+            conn.exec_driver_sql(f"ALTER ROLE {role} CONNECTION LIMIT 0")
+        _terminate(engine, listening)
+        wait_for(lambda: pubsub.health().wake_errors >= 2, timeout=5)
+        assert not pubsub.health().wake_healthy
+        assert not _listen_backends(engine, table)
+
+        # The hint is down and cannot reconnect: only the listener's fallback poll, on the
+        # connection it already has, can deliver these.
+        sent = [f"during outage {i}" for i in range(5)]
+        for payload in sent:
+            publisher.broadcast("outage", payload)
+        wait_for(lambda: len(received) == len(sent), timeout=5)
+        assert received == [p.encode() for p in sent]
+        assert not pubsub.health().wake_healthy
+        assert pubsub.health().errors == 0
+
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+        wait_for(lambda: pubsub.health().wake_healthy, timeout=15)
+        assert pubsub.health().wake_reconnects >= 1
+        publisher.broadcast("outage", "back")
+        wait_for(lambda: received[-1:] == [b"back"], timeout=5)
+        settle(pubsub)
+        assert len(received) == len(sent) + 1
+    finally:
+        pubsub.close()
+        role_engine.dispose()
