@@ -247,7 +247,9 @@ def test_callbacks_run_inside_an_app_context(make_app: Any) -> None:
     assert seen == [app.name]
 
 
-def test_out_of_order_commit_is_not_skipped(make_pubsub: Any, engine: sa.Engine, backend: str) -> None:
+def test_out_of_order_commit_is_not_skipped(
+    make_pubsub: Any, engine: sa.Engine, backend: str
+) -> None:
     """id N+1 commits while id N's transaction is still open; N commits later and is still
     delivered (PostgreSQL/MySQL). SQLite serialises writers, so there the later broadcast
     waits for the open transaction and both arrive in id order."""
