@@ -136,10 +136,14 @@ class Listener:
     def close(self, timeout: float = 2.0) -> None:
         self._stopping = True
         self._wake.set()
-        self._hint.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+        # The hint's connection belongs to the listener thread: closing a SQLite connection
+        # while another thread reads it crashes the process. A thread that outlives the join
+        # closes the hint itself on its way out.
+        if thread is None or not thread.is_alive():
+            self._hint.close()
         self._health.running = False
 
     @property
@@ -197,6 +201,7 @@ class Listener:
                 if not self._stopping:
                     self._health.restarts += 1
         self._drop_connection()
+        self._hint.close()
 
     def _connection(self) -> Connection:
         if self._conn is None:

@@ -1,0 +1,54 @@
+"""A small app for the CLI tests that run a real ``flask`` subprocess.
+
+``flask --app tests.cli_app ...`` with the database URL and table name in
+``FIRM_CHANNEL_TEST_DB_URL`` / ``FIRM_CHANNEL_TEST_TABLE``. With
+``FIRM_CHANNEL_TEST_SUBSCRIBE_AT_BOOT`` set, the app subscribes while it is created (as an app
+that follows a channel would); ``FIRM_CHANNEL_TEST_REPORT_THREADS`` makes the process list its
+threads on stderr at exit, after whatever command it ran.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+
+import click
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+
+from flask_firm_channel import FirmChannel
+
+
+def _thread_names() -> list[str]:
+    return [t.name for t in threading.enumerate()]
+
+
+def create_app() -> Flask:
+    app = Flask(__name__)
+    app.config["SQLALCHEMY_DATABASE_URI"] = os.environ["FIRM_CHANNEL_TEST_DB_URL"]
+    SQLAlchemy(app)
+    firm_channel = FirmChannel(app, table_name=os.environ["FIRM_CHANNEL_TEST_TABLE"])
+
+    if os.environ.get("FIRM_CHANNEL_TEST_SUBSCRIBE_AT_BOOT"):
+        with app.app_context():
+            firm_channel.subscribe("boot", lambda payload: None)
+
+    if os.environ.get("FIRM_CHANNEL_TEST_REPORT_THREADS"):
+        atexit.register(
+            lambda: print("threads at exit: " + ",".join(_thread_names()), file=sys.stderr)
+        )
+
+    @app.cli.command("show-threads")
+    @click.option("--start", is_flag=True, help="Start the listener first.")
+    def show_threads(start: bool) -> None:
+        """Print this app's subscription count and the process's thread names."""
+        if start:
+            firm_channel.start()
+        click.echo(f"subscriptions: {firm_channel.pubsub().subscription_count}")
+        for name in _thread_names():
+            click.echo(name)
+        firm_channel.close()
+
+    return app
