@@ -120,7 +120,6 @@ def tail(
     finally:
         for sub in subs:
             sub.unsubscribe()
-        pubsub.close()
 
 
 @firm_channel_cli.command("stats")

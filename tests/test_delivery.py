@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import channel_hash
-from flask_firm_channel.engine.trim import utcnow
+from flask_firm_channel.engine.table import utcnow
 
 from .conftest import row_count, wait_for
 

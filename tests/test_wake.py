@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings, channel_hash
 from flask_firm_channel.engine.dialects import notify_channel_name
-from flask_firm_channel.engine.trim import utcnow
+from flask_firm_channel.engine.table import utcnow
 
 from .conftest import wait_for
 

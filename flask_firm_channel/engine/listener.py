@@ -270,7 +270,7 @@ class Listener:
         if from_id >= self._high_water:
             return 0
         t = self._table
-        rows = list(
+        rows: list[Row[Any]] = list(
             conn.execute(
                 select(t.c.id, t.c.channel, t.c.payload, t.c.created_at)
                 .where(t.c.channel_hash.in_(added), t.c.id > from_id)
@@ -284,9 +284,14 @@ class Listener:
         return len(rows)
 
     def _anchor(self, conn: Connection, snap: Snapshot) -> None:
-        max_id = int(conn.execute(select(func.max(self._table.c.id))).scalar() or 0)
+        t = self._table
+        max_id = int(conn.execute(select(func.max(t.c.id))).scalar() or 0)
         for sub in snap.pending():
-            sub.anchor = max_id
+            # The table could not be read when this subscription was made: anchor it just
+            # below the first row created after that moment.
+            first = conn.execute(select(func.min(t.c.id)).where(t.c.created_at >= sub.since))
+            first_id = first.scalar()
+            sub.anchor = max_id if first_id is None else int(first_id) - 1
         if self._high_water is None:
             self._followed = snap.hash_set
             # Start below the oldest anchor, so a subscription made before this listener

@@ -1,6 +1,7 @@
 """The publish path: one INSERT (plus the PostgreSQL NOTIFY, in the same statement) and a
-COMMIT. The statement is compiled once by SQLAlchemy and executed on the driver's cursor,
-so a broadcast does no per-call compilation or ORM work."""
+COMMIT. The statement is compiled once by SQLAlchemy and executed on a driver cursor of a
+connection kept for publishing, so a broadcast does no per-call compilation, ORM work or
+pool reset. Driver errors are raised as SQLAlchemy's ``DBAPIError`` subclasses."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
+from sqlalchemy.exc import DBAPIError
 
+from .connections import ConnectionStack, close_quietly
 from .dialects import INSERT_PARAMS, Dialect
-from .table import channel_hash
-from .trim import utcnow
+from .table import channel_hash, utcnow
 
 Row = tuple[bytes, bytes]
 
@@ -21,6 +23,8 @@ class Publisher:
     def __init__(self, engine: Engine, dialect: Dialect, table: Table, *, notify: bool) -> None:
         notify = notify and dialect.wake_kind == "notify"
         self._engine = engine
+        self._connections = ConnectionStack(engine)
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._statement = dialect.insert_statement(table, notify=notify)
         self._returns_id = dialect.returns_id(notify=notify)
         self._extra = dialect.notify_params(table) if notify else {}
@@ -76,24 +80,53 @@ class Publisher:
                 else:
                     ids.append(int(result.inserted_primary_key[0]))  # type: ignore[index]
             return ids
-        raw = self._engine.raw_connection()
+        for attempt in (1, 2):
+            conn = self._connections.acquire()
+            committing = False
+            try:
+                cursor = conn.cursor()
+                try:
+                    ids = []
+                    for channel, payload in rows:
+                        params = self._driver_params(self._values(channel, payload, now))
+                        cursor.execute(self._sql, params)
+                        ids.append(self._new_id(cursor))
+                finally:
+                    cursor.close()
+                committing = True
+                conn.commit()
+            except self._dbapi_error as exc:
+                disconnected = self._is_disconnect(exc, conn)
+                self._discard(conn)
+                # Nothing was committed before COMMIT was sent: a dropped connection (a
+                # database restart, an idle timeout) is retried once on a fresh one.
+                if attempt == 1 and disconnected and not committing:
+                    continue
+                raise DBAPIError.instance(
+                    self._sql, None, exc, self._dbapi_error, dialect=self._engine.dialect
+                ) from exc
+            except BaseException:
+                self._discard(conn)
+                raise
+            self._connections.release(conn)
+            return ids
+        raise AssertionError("unreachable")
+
+    def _is_disconnect(self, exc: Any, conn: Any) -> bool:
         try:
-            cursor = raw.cursor()
-            try:
-                ids = []
-                for channel, payload in rows:
-                    cursor.execute(
-                        self._sql, self._driver_params(self._values(channel, payload, now))
-                    )
-                    ids.append(self._new_id(cursor))
-            finally:
-                cursor.close()
-            raw.commit()
-        except BaseException:
-            try:
-                raw.rollback()
-            finally:
-                raw.close()
-            raise
-        raw.close()
-        return ids
+            return bool(self._engine.dialect.is_disconnect(exc, conn, None))
+        except Exception:  # noqa: BLE001 - a dialect that cannot tell: assume not
+            return False
+
+    def _discard(self, conn: Any) -> None:
+        try:
+            conn.rollback()
+        except Exception:  # noqa: BLE001 - the connection may already be gone
+            pass
+        close_quietly(conn)
+
+    def after_fork(self) -> None:
+        self._connections.after_fork()
+
+    def close(self) -> None:
+        self._connections.close()

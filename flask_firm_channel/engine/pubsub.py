@@ -200,6 +200,7 @@ class PubSub:
         if listener is not None:
             listener.close()
         self._trimmer.close()
+        self._publisher.close()
         self._registry.clear()
 
     @property
@@ -213,6 +214,7 @@ class PubSub:
         self._registry.after_fork()
         previous, self._listener = self._listener, None
         self._trimmer = Trimmer(self.dialect, self.table, self.settings)
+        self._publisher.after_fork()
         self._pid = os.getpid()
         # The pool's connections belong to the parent; drop them without closing them.
         self.engine.dispose(close=False)

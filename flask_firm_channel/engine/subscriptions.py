@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from .table import channel_hash
+from .table import channel_hash, utcnow
 
 Callback = Callable[[bytes], object]
 
@@ -20,6 +21,8 @@ class Subscription:
     #: Only messages with an id above this are delivered ("from now on"). ``None`` until the
     #: listener has read the table's current maximum id.
     anchor: int | None = None
+    #: When the subscription was made (naive UTC, like ``created_at``).
+    since: datetime = field(default_factory=utcnow)
     _registry: SubscriptionRegistry | None = field(default=None, repr=False)
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from datetime import datetime, timezone
 
 from sqlalchemy import (
     BigInteger,
@@ -69,3 +70,8 @@ def channel_hash(channel: bytes) -> int:
     this hash and *dispatched* by the exact channel bytes, so a collision costs one skipped row.
     """
     return int.from_bytes(hashlib.sha256(channel).digest()[:8], "big", signed=True)
+
+
+def utcnow() -> datetime:
+    """Naive UTC, the way ``created_at`` is stored."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)

@@ -7,13 +7,14 @@ import logging
 import random
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import Table, func, select
 from sqlalchemy.exc import DBAPIError
 
 from .dialects import Dialect
 from .settings import Duration, Settings, to_seconds
+from .table import utcnow
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -27,11 +28,6 @@ def _rolled_back_by_conflict(exc: DBAPIError) -> bool:
     deadlocks between concurrent trimmers even with ``SKIP LOCKED``."""
     sqlstate = getattr(exc.orig, "sqlstate", None)
     return isinstance(sqlstate, str) and sqlstate.startswith("40")
-
-
-def utcnow() -> datetime:
-    """Naive UTC, the way ``created_at`` is stored."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
 class Trimmer:

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Table
 
+from .connections import dedicated_connection
 from .dialects import Dialect, notify_channel_name
 from .settings import Settings
 
@@ -34,15 +35,6 @@ class HintHealth:
     errors: int
     reconnects: int
     last_error: str | None
-
-
-def dedicated_connection(engine: Engine) -> Any:
-    """A driver connection of the engine's own configuration, detached from its pool: it is
-    the hint's for as long as the listener runs and does not take a pool slot."""
-    raw = engine.raw_connection()
-    conn = raw.driver_connection
-    raw.detach()
-    return conn
 
 
 class WakeHint:
