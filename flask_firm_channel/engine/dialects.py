@@ -27,7 +27,11 @@ from sqlalchemy import (
     insert,
     select,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
+
+_ER_LOCK_WAIT_TIMEOUT = 1205
+_ER_LOCK_DEADLOCK = 1213
 
 #: Names of the values a broadcast statement binds, in the order the columns are listed.
 INSERT_PARAMS = ("p_channel", "p_payload", "p_channel_hash", "p_created_at")
@@ -91,6 +95,12 @@ class Dialect:
 
     def memory_database(self) -> bool:
         return False
+
+    def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
+        """The database rolled the transaction back as a deadlock or serialization failure
+        (SQLSTATE class 40): nothing was written, so it may simply be tried again."""
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        return isinstance(sqlstate, str) and sqlstate.startswith("40")
 
 
 class SQLiteDialect(Dialect):
@@ -165,6 +175,12 @@ class MySQLDialect(Dialect):
         if self.supports_skip_locked():
             return stmt.with_for_update(skip_locked=True)
         return stmt.with_for_update()
+
+    def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
+        # PyMySQL reports the server's error number, not the SQLSTATE. MariaDB reports
+        # deadlocks between concurrent trimmers even with SKIP LOCKED.
+        args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
+        return bool(args) and args[0] in (_ER_LOCK_DEADLOCK, _ER_LOCK_WAIT_TIMEOUT)
 
     def supports_skip_locked(self) -> bool:
         version = self.engine.dialect.server_version_info or (0,)

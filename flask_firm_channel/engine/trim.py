@@ -22,14 +22,6 @@ log = logging.getLogger("flask_firm_channel")
 BATCH_ATTEMPTS = 5
 
 
-def _rolled_back_by_conflict(exc: DBAPIError) -> bool:
-    """SQLSTATE class 40 (deadlock, serialization failure): the database rolled the whole
-    batch back, so it deleted nothing and may simply be tried again. MariaDB reports such
-    deadlocks between concurrent trimmers even with ``SKIP LOCKED``."""
-    sqlstate = getattr(exc.orig, "sqlstate", None)
-    return isinstance(sqlstate, str) and sqlstate.startswith("40")
-
-
 class Trimmer:
     def __init__(self, dialect: Dialect, table: Table, settings: Settings) -> None:
         self._dialect = dialect
@@ -81,7 +73,7 @@ class Trimmer:
             try:
                 return self._dialect.trim_batch(self._table, cutoff, size)
             except DBAPIError as exc:
-                if attempt == BATCH_ATTEMPTS or not _rolled_back_by_conflict(exc):
+                if attempt == BATCH_ATTEMPTS or not self._dialect.rolled_back_by_conflict(exc):
                     raise
                 log.debug("firm-channel trim batch rolled back (%s); retrying", exc.orig)
                 # Jitter, so the trimmers that collided do not collide again.
