@@ -231,6 +231,7 @@ def measure_delivery(
         "sent": sent["sent"],
         "send_errors": sent["errors"],
         "send_elapsed": sent["elapsed"],
+        "call_p50_ms": sent.get("call_p50_ms"),
         "subs": subs,
         "delivered": sum(r["delivered"] for r in per_sub),
         "dups": sum(r["dups"] for r in per_sub),
@@ -379,11 +380,42 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="rounds per measurement (median is reported)")
     p.add_argument("--out", default="docs", help="where benchmarks.md and latency.png go")
     p.add_argument("--no-write", action="store_true", help="print only; write no docs")
+    p.add_argument("--from-json", metavar="PATH", help="re-render a saved run (bench/results/)")
     return p.parse_args(argv)
+
+
+def write_outputs(
+    contenders: list[Contender], results: Any, meta: dict[str, Any], cfg: Config, args: Any
+) -> None:
+    from . import report
+
+    md = report.render(contenders, results, meta, cfg)
+    print(md)
+    if args.no_write:
+        return
+    os.makedirs(args.out, exist_ok=True)
+    md_path = os.path.join(args.out, "benchmarks.md")
+    analysis = report.kept_analysis(md_path)
+    with open(md_path, "w") as fh:
+        fh.write(md + ("\n" + analysis if analysis else ""))
+    report.plot(contenders, results, os.path.join(args.out, "latency.png"))
+    log(f"wrote {args.out}/benchmarks.md and {args.out}/latency.png")
+
+
+def rerender(path: str, args: Any) -> int:
+    """Tables and plot again from a saved run, without measuring anything."""
+    with open(path) as fh:
+        saved = json.load(fh)
+    contenders = [Contender(**d) for d in saved["contenders"]]
+    cfg = Config(**saved["meta"]["config"])
+    write_outputs(contenders, saved["results"], saved["meta"], cfg, args)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        return rerender(args.from_json, args)
     cfg = QUICK if args.quick else Config()
     if args.rounds:
         cfg.rounds = args.rounds
@@ -504,15 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(
             {"meta": meta, "results": results, "contenders": [c.__dict__ for c in contenders]}, fh
         )
-    md = report.render(contenders, results, meta, cfg)
-    print(md)
-    if not args.no_write:
-        os.makedirs(args.out, exist_ok=True)
-        md_path = os.path.join(args.out, "benchmarks.md")
-        analysis = report.kept_analysis(md_path)
-        with open(md_path, "w") as fh:
-            fh.write(md + ("\n" + analysis if analysis else ""))
-        report.plot(contenders, results, os.path.join(args.out, "latency.png"))
-        log(f"wrote {args.out}/benchmarks.md and {args.out}/latency.png; raw data {raw_path}")
+    log(f"raw data: {raw_path} (re-render with --from-json {raw_path})")
+    write_outputs(contenders, results, meta, cfg, args)
     log(f"total {elapsed:.0f} s")
     return 0

@@ -165,6 +165,7 @@ def paced_send(
     start = time.monotonic()
     next_at = start
     sent = errors = 0
+    call_ms: list[float] = []
     for seq in range(n):
         now = time.monotonic()
         if now - start > max_seconds:
@@ -172,12 +173,20 @@ def paced_send(
         if next_at > now:
             time.sleep(next_at - now)
         try:
+            t0 = time.perf_counter()
             adapter.broadcast(channel, make_payload(seq))
+            call_ms.append((time.perf_counter() - t0) * 1000.0)
             sent += 1
         except Exception:  # noqa: BLE001 — counted, reported
             errors += 1
         next_at += (1.0 / rate) if rate else rng.uniform(gap_min, gap_max)
-    return {"sent": sent, "errors": errors, "elapsed": time.monotonic() - start}
+    call_ms.sort()
+    return {
+        "sent": sent,
+        "errors": errors,
+        "elapsed": time.monotonic() - start,
+        "call_p50_ms": call_ms[len(call_ms) // 2] if call_ms else None,
+    }
 
 
 def timed_loop(
