@@ -59,6 +59,7 @@ class ListenerHealth:
     restarts: int = 0
     last_error: str | None = None
     last_error_at: float | None = None
+    #: When the last poll that reached the table succeeded (epoch seconds).
     last_poll_at: float | None = None
     #: Seconds from a message's ``created_at`` to its dispatch, for the latest message.
     lag: float | None = None
@@ -223,7 +224,6 @@ class Listener:
     def poll(self) -> int:
         """Read and dispatch what is new; return the number of rows read."""
         snap = self._registry.snapshot()
-        self._health.last_poll_at = time.time()
         if not snap.hashes:
             self._followed = frozenset()
             return 0
@@ -251,6 +251,7 @@ class Listener:
             self._close_foreign_gaps(conn, snap, self._gaps[first_new_gap:])
         if not rows:
             self._check_for_reset(conn)
+        self._health.last_poll_at = time.time()
         return read
 
     def _catch_up(self, conn: Connection, added: frozenset[int]) -> int:

@@ -91,16 +91,18 @@ class WakeHint:
 class DataVersionHint(WakeHint):
     """SQLite: ``PRAGMA data_version`` on a dedicated connection moves on every commit made by
     any other connection, in any process, and costs microseconds to read. It is read every
-    millisecond while messages flow and every 10 ms when idle."""
+    millisecond while messages flow and every 12 ms when idle (each read costs a thread
+    wake-up and a shared lock, about 1 % of a core at 100 reads a second)."""
 
     mode = "data_version"
     FAST = 0.001
-    IDLE = 0.01
+    IDLE = 0.012
     ACTIVE_WINDOW = 1.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._conn: Any = None
+        self._cursor: Any = None
         self._version: int | None = None
         self._last_activity = 0.0
         self._retry_at = 0.0
@@ -108,6 +110,7 @@ class DataVersionHint(WakeHint):
     def open(self) -> None:
         try:
             self._conn = dedicated_connection(self.engine)
+            self._cursor = self._conn.cursor()
             self._version = self._read()
             if not self.healthy:
                 self.reconnects += 1
@@ -118,7 +121,9 @@ class DataVersionHint(WakeHint):
             self._retry_at = time.monotonic() + 1.0
 
     def _read(self) -> int:
-        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+        # One cursor, reused: this runs up to a thousand times a second.
+        self._cursor.execute("PRAGMA data_version")
+        return int(self._cursor.fetchone()[0])
 
     def next_timeout(self) -> float:
         if not self.healthy:
