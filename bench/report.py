@@ -287,6 +287,13 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         ),
     )
 
+    headline = _headline(contenders, results)
+    if headline:
+        add("## Headline")
+        add("")
+        add(headline)
+        add("")
+
     # targets
     ours = [c for c in contenders if c.kind == "ours"]
     if ours:
@@ -574,6 +581,49 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
     return "\n".join(lines)
 
 
+def _headline(contenders: list[Any], results: Results) -> str:
+    """One row per backend: latency and publish rate of ours against firm-channel 1.0.0."""
+    keys = {c.key for c in contenders}
+    rows = []
+    for b in BACKENDS:
+        if f"ours/{b}" not in keys:
+            continue
+
+        def lat(key: str) -> str:
+            m = delivery(results.get("latency", {}).get(key))
+            return f"{ms(m['p50'])} / {ms(m['p99'])}" if m else "—"
+
+        def rate(key: str) -> float:
+            return throughput(results.get("throughput", {}).get(key)).get("single", math.nan)
+
+        floor = rate(f"floor/{b}")
+        ours, firm = rate(f"ours/{b}"), rate(f"firm100/{b}")
+        share = f" ({100 * ours / floor:.0f} % of floor)" if not math.isnan(floor) else ""
+        rows.append(
+            [
+                BACKEND_LABEL[b],
+                lat(f"ours/{b}"),
+                lat(f"firm100/{b}") if f"firm100/{b}" in keys else "—",
+                lat(f"firm10/{b}") if f"firm10/{b}" in keys else "—",
+                num(ours) + share,
+                num(firm),
+            ]
+        )
+    if not rows:
+        return ""
+    return table(
+        [
+            "backend",
+            "flask-firm-channel p50 / p99 ms",
+            "firm-channel 0.1 s p50 / p99 ms",
+            "firm-channel 10 ms p50 / p99 ms",
+            "flask-firm-channel broadcast/s",
+            "firm-channel broadcast/s",
+        ],
+        rows,
+    )
+
+
 def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
     header = ["", *(BACKEND_LABEL[c.backend] for c in ours)]
     rows: list[list[str]] = []
@@ -709,7 +759,9 @@ def plot(contenders: list[Any], results: Results, path: str) -> None:
             s = sorted(max(v, 0.01) for v in samples)
             y = [(i + 1) / len(s) for i in range(len(s))]
             sk = c.key.split("/")[0]
-            ax.step(s, y, where="post", label=f"{c.label} p50 {ms(pct(s, 50))} ms", **style[sk])
+            ax.step(
+                s, y, where="post", label=f"{c.label}, pooled p50 {ms(pct(s, 50))} ms", **style[sk]
+            )
         ax.set_xscale("log")
         ax.set_title(BACKEND_LABEL[b])
         ax.set_xlabel("cross-process latency, ms (log)")
