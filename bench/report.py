@@ -519,7 +519,8 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         add(
             f"All subscribed processes idle side by side for {cfg.idle_s:.0f} s (CPU of the whole "
             "subscriber process, % of one core); then each gets one message, one contender at a "
-            f"time; {cfg.idle_windows} such windows per round, medians over all of them. Table "
+            f"time; {cfg.idle_windows} such window{'s' if cfg.idle_windows > 1 else ''} per "
+            "round, medians over all of them. Table "
             "queries: the listener's polls of the message table (flask-firm-channel's "
             "`health().polls`; firm-channel's `fetch_since` calls). The first message is sent by "
             "a broadcaster process that has published before (a warm connection, as in a running "
