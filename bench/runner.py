@@ -108,6 +108,7 @@ def select(contenders: list[Contender], only: str | None) -> list[Contender]:
         if c.backend in tokens
         or c.kind in tokens
         or c.key in tokens
+        or c.key.split("/")[0] in tokens
         or (c.kind.startswith("firm") and "firm" in tokens)
     ]
 
