@@ -193,8 +193,8 @@ def test_several_broadcaster_processes_into_one_subscriber(
 def _forked_child(pubsub: PubSub, received: list[bytes], conn: Any, count: int) -> None:
     try:
         wait_for(lambda: pubsub.listening, timeout=10)
-        conn.send(("ready", os.getpid(), len(received)))
-        already = len(received)
+        already = len(received)  # before "ready": the parent broadcasts as soon as it hears it
+        conn.send(("ready", os.getpid(), already))
         wait_for(lambda: len(received) >= already + count, timeout=20)
         conn.send(("got", [p.decode() for p in received[already:]]))
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .listener import ListenerHealth
+from .health import ListenerHealth
 from .pubsub import PubSub
 from .settings import Settings
 from .subscriptions import Subscription

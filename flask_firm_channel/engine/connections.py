@@ -13,6 +13,17 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+#: Objects inherited through ``fork`` that hold the parent's connections. A child must neither
+#: use nor close them (closing a SQLite connection, or letting the garbage collector do it,
+#: can checkpoint the parent's WAL; closing a PostgreSQL one sends the server a goodbye on the
+#: parent's socket), so they are kept here, unreachable but alive, for the life of the child.
+_inherited: list[Any] = []
+
+
+def keep_inherited(*objects: Any) -> None:
+    """Hold ``objects`` (inherited from a parent process) forever, unused and unclosed."""
+    _inherited.extend(o for o in objects if o is not None)
+
 
 def dedicated_connection(engine: Engine) -> Any:
     """A new driver connection made by ``engine`` (its connect arguments and ``connect``
@@ -56,6 +67,7 @@ class ConnectionStack:
     def after_fork(self) -> None:
         """The parent's connections are not ours to use or close in a child."""
         self._lock = threading.Lock()
+        keep_inherited(*self._idle)
         self._idle = []
         self._pid = os.getpid()
 

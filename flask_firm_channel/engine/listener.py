@@ -14,17 +14,17 @@ assumption of the design. SQLite serialises writers, so there commit order is id
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, Table, and_, func, or_, select
+from sqlalchemy import Connection, Engine, Row, Table, and_, bindparam, func, or_, select
 
+from .gaps import Gap, GapList
+from .health import ListenerHealth
 from .settings import Settings
 from .subscriptions import Snapshot, SubscriptionRegistry
 from .table import channel_hash
@@ -36,45 +36,6 @@ log = logging.getLogger("flask_firm_channel")
 MAX_GAP_TERMS = 64
 #: How often an idle listener checks whether the table went backwards (emptied, restored).
 RESET_CHECK_INTERVAL = 1.0
-
-
-@dataclass
-class ListenerHealth:
-    """What the listener has been doing; a copy is returned by ``PubSub.health()``."""
-
-    running: bool = False
-    wake_mode: str = "poll"
-    wake_healthy: bool = True
-    wakes: int = 0
-    #: Failures and reconnections of the wake hint (its connection dropped, say); while it
-    #: is unhealthy the listener polls every ``polling_interval``.
-    wake_errors: int = 0
-    wake_reconnects: int = 0
-    wake_last_error: str | None = None
-    polls: int = 0
-    rows_read: int = 0
-    delivered: int = 0
-    subscriber_errors: int = 0
-    errors: int = 0
-    restarts: int = 0
-    last_error: str | None = None
-    last_error_at: float | None = None
-    #: When the last poll that reached the table succeeded (epoch seconds).
-    last_poll_at: float | None = None
-    #: Seconds from a message's ``created_at`` to its dispatch, for the latest message.
-    lag: float | None = None
-    high_water: int | None = None
-    open_gaps: int = 0
-    resets: int = 0
-
-
-@dataclass
-class _Gap:
-    start: int
-    end: int
-    #: ``created_at`` (epoch seconds) of the row that revealed the gap: every id in it was
-    #: allocated before that row was inserted.
-    revealed_at: float
 
 
 def _epoch(created_at: datetime) -> float:
@@ -96,17 +57,29 @@ class Listener:
         self._registry = registry
         self._hint = hint
         self._wake = threading.Event()
+        #: Held while the thread is inside the database driver; ``fork`` waits for it, so a
+        #: child never inherits a driver (SQLite's mutexes, a half-read socket) mid-call.
+        self._busy = threading.RLock()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._conn: Connection | None = None
         self._high_water: int | None = None
-        self._gaps: list[_Gap] = []
+        self._gaps = GapList()
         self._not_before: datetime | None = None
         self._newest_seen: datetime | None = None
         self._last_reset_check = 0.0
         #: Channel hashes whose rows every earlier read included.
         self._followed: frozenset[int] = frozenset()
         self._health = ListenerHealth(wake_mode=hint.mode)
+        t = table
+        self._new_rows = (
+            select(t.c.id, t.c.channel, t.c.payload, t.c.created_at)
+            .where(
+                t.c.channel_hash.in_(bindparam("hashes", expanding=True)),
+                t.c.id > bindparam("high_water"),
+            )
+            .order_by(t.c.id)
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -125,7 +98,7 @@ class Listener:
         each message once per process image without skipping late commits.
         """
         self._high_water = previous._high_water
-        self._gaps = list(previous._gaps)
+        self._gaps = previous._gaps.copy()
         self._not_before = previous._not_before
         self._newest_seen = previous._newest_seen
         self._followed = previous._followed
@@ -167,8 +140,16 @@ class Listener:
 
     # -- the loop -------------------------------------------------------------------------
 
+    def hold_for_fork(self) -> None:
+        """Wait until the thread is outside the driver and keep it there (before ``fork``)."""
+        self._busy.acquire()
+
+    def release_after_fork(self) -> None:
+        self._busy.release()
+
     def _run(self) -> None:
-        self._hint.open()
+        with self._busy:
+            self._hint.open()
         backoff = 0.0
         next_safety_poll = 0.0
         while not self._stopping:
@@ -180,10 +161,12 @@ class Listener:
                 if self._stopping:
                     break
                 self._wake.clear()
-                due = signalled or self._hint.check() or time.monotonic() >= next_safety_poll
-                if due:
-                    rows = self.poll()
-                    self._hint.activity(rows)
+                with self._busy:
+                    rows = -1
+                    if signalled or self._hint.check() or time.monotonic() >= next_safety_poll:
+                        rows = self.poll()
+                        self._hint.activity(rows)
+                if rows >= 0:
                     pace = (
                         self._settings.safety_interval
                         if self._hint.healthy and self._hint.mode != "poll"
@@ -197,12 +180,14 @@ class Listener:
                 self._health.last_error_at = time.time()
                 backoff = min(max(backoff * 2, 0.05), 5.0)
                 log.exception("firm-channel listener poll failed; retrying in %.2fs", backoff)
-                self._drop_connection()
+                with self._busy:
+                    self._drop_connection()
                 self._wake.wait(backoff)
                 if not self._stopping:
                     self._health.restarts += 1
-        self._drop_connection()
-        self._hint.close()
+        with self._busy:
+            self._drop_connection()
+            self._hint.close()
 
     def _connection(self) -> Connection:
         if self._conn is None:
@@ -231,7 +216,7 @@ class Listener:
         if self._high_water is None or snap.pending():
             self._anchor(conn, snap)
         assert self._high_water is not None
-        self._expire_gaps()
+        self._gaps.expire(time.time() - self._settings.commit_grace)
         read = 0
         added = snap.hash_set - self._followed
         if added:
@@ -244,11 +229,9 @@ class Listener:
         # Dispatch against the newest subscriptions: one made while the query ran must still
         # get the rows above its anchor.
         current = self._registry.snapshot()
-        first_new_gap = len(self._gaps)
-        for row in rows:
-            self._accept(row, current)
-        if len(self._gaps) > first_new_gap:
-            self._close_foreign_gaps(conn, snap, self._gaps[first_new_gap:])
+        fresh = [gap for row in rows if (gap := self._accept(row, current)) is not None]
+        if fresh:
+            self._close_foreign_gaps(conn, snap, fresh)
         if not rows:
             self._check_for_reset(conn)
         self._health.last_poll_at = time.time()
@@ -303,8 +286,12 @@ class Listener:
     def _read_new(self, conn: Connection, snap: Snapshot) -> list[Row[Any]]:
         t = self._table
         assert self._high_water is not None
+        if not self._gaps:
+            # The steady state: one statement built once, only its parameters change.
+            params = {"hashes": snap.hashes, "high_water": self._high_water}
+            return list(conn.execute(self._new_rows, params))
         wanted = t.c.id > self._high_water
-        if self._gaps and len(self._gaps) <= MAX_GAP_TERMS:
+        if len(self._gaps) <= MAX_GAP_TERMS:
             wanted = or_(wanted, *(t.c.id.between(g.start, g.end) for g in self._gaps))
         elif self._gaps:
             late = self._late_ids(conn, snap)
@@ -319,35 +306,31 @@ class Listener:
 
     def _late_ids(self, conn: Connection, snap: Snapshot) -> list[int]:
         t = self._table
-        span = t.c.id.between(self._gaps[0].start, self._gaps[-1].end)
+        span = t.c.id.between(*self._gaps.span)
         ids = [
             int(i)
             for (i,) in conn.execute(select(t.c.id).where(t.c.channel_hash.in_(snap.hashes), span))
         ]
         self._health.rows_read += len(ids)
-        starts = [g.start for g in self._gaps]
-        late = []
-        for i in ids:
-            k = bisect.bisect_right(starts, i) - 1
-            if k >= 0 and i <= self._gaps[k].end:
-                late.append(i)
-        return late
+        return self._gaps.inside(ids)
 
-    def _accept(self, row: Row[Any], snap: Snapshot) -> None:
+    def _accept(self, row: Row[Any], snap: Snapshot) -> Gap | None:
+        """Record ``row`` as seen and dispatch it; return the gap it revealed, if any."""
         msg_id = int(row.id)
         created_at: datetime = row.created_at
         assert self._high_water is not None
+        gap = None
         if msg_id > self._high_water:
             if msg_id > self._high_water + 1:
-                self._gaps.append(_Gap(self._high_water + 1, msg_id - 1, _epoch(created_at)))
+                gap = self._gaps.open(self._high_water + 1, msg_id - 1, _epoch(created_at))
             self._high_water = msg_id
         else:
-            self._remove_from_gaps([msg_id])
+            self._gaps.remove([msg_id])
         if self._newest_seen is None or created_at > self._newest_seen:
             self._newest_seen = created_at
-        if self._not_before is not None and created_at <= self._not_before:
-            return
-        self._dispatch(msg_id, bytes(row.channel), bytes(row.payload), created_at, snap)
+        if self._not_before is None or created_at > self._not_before:
+            self._dispatch(msg_id, bytes(row.channel), bytes(row.payload), created_at, snap)
+        return gap
 
     def _dispatch(
         self, msg_id: int, channel: bytes, payload: bytes, created_at: datetime, snap: Snapshot
@@ -371,31 +354,7 @@ class Listener:
             self._health.delivered += 1
         self._health.lag = time.time() - _epoch(created_at)
 
-    # -- gaps -----------------------------------------------------------------------------
-
-    def _expire_gaps(self) -> None:
-        if not self._gaps:
-            return
-        settled = time.time() - self._settings.commit_grace
-        self._gaps = [g for g in self._gaps if g.revealed_at > settled]
-
-    def _remove_from_gaps(self, ids: list[int]) -> None:
-        """Cut the given ids out of the gap list (they were seen, or are not ours)."""
-        points = sorted(set(ids))
-        result: list[_Gap] = []
-        for gap in self._gaps:
-            lo = bisect.bisect_left(points, gap.start)
-            hi = bisect.bisect_right(points, gap.end)
-            start = gap.start
-            for p in points[lo:hi]:
-                if p > start:
-                    result.append(_Gap(start, p - 1, gap.revealed_at))
-                start = p + 1
-            if start <= gap.end:
-                result.append(_Gap(start, gap.end, gap.revealed_at))
-        self._gaps = result
-
-    def _close_foreign_gaps(self, conn: Connection, snap: Snapshot, new: list[_Gap]) -> None:
+    def _close_foreign_gaps(self, conn: Connection, snap: Snapshot, new: list[Gap]) -> None:
         """Ids in fresh gaps that belong to channels we do not follow are settled for good:
         a committed row never changes channel. Reading them once keeps the gap list short."""
         t = self._table
@@ -405,8 +364,7 @@ class Listener:
         stmt = select(t.c.id).where(and_(span, t.c.channel_hash.not_in(snap.hashes)))
         foreign = [int(i) for (i,) in conn.execute(stmt)]
         self._health.rows_read += len(foreign)
-        if foreign:
-            self._remove_from_gaps(foreign)
+        self._gaps.remove(foreign)
 
     # -- the table going backwards ----------------------------------------------------------
 
@@ -430,7 +388,7 @@ class Listener:
         )
         self._health.resets += 1
         self._high_water = 0
-        self._gaps = []
+        self._gaps.clear()
         self._not_before = self._newest_seen
         for subs in self._registry.snapshot().by_channel.values():
             for sub in subs:

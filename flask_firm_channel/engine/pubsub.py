@@ -7,13 +7,15 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from .connections import keep_inherited
 from .dialects import dialect_for
-from .listener import Listener, ListenerHealth
+from .health import ListenerHealth
+from .listener import Listener
 from .publish import Publisher
 from .settings import Duration, Settings
 from .subscriptions import Callback, Subscription, SubscriptionRegistry
@@ -53,6 +55,7 @@ class PubSub:
         self._listener: Listener | None = None
         self._trimmer = Trimmer(self.dialect, table, self.settings)
         self._closed = False
+        self._held: list[Listener | Trimmer] = []
         self._pid = os.getpid()
         _instances.add(self)
 
@@ -207,16 +210,34 @@ class PubSub:
     def closed(self) -> bool:
         return self._closed
 
+    # -- fork ---------------------------------------------------------------------------
+
+    def _before_fork(self) -> None:
+        """Let the threads finish their current database call and hold them outside the
+        driver while the process forks."""
+        self._held = [t for t in (self._listener, self._trimmer) if t is not None]
+        for thread in self._held:
+            thread.hold_for_fork()
+
+    def _after_fork_in_parent(self) -> None:
+        for thread in self._held:
+            thread.release_after_fork()
+        self._held = []
+
     def _after_fork_in_child(self) -> None:
         """Threads do not survive ``fork``: a child (a gunicorn worker) gets its own listener
-        on fresh connections, keeping the subscriptions it inherited."""
+        on fresh connections, resuming from its parent's position with the subscriptions it
+        inherited. The parent's connections are kept, unused and unclosed."""
+        self._held = []
         self._lock = threading.RLock()
         self._registry.after_fork()
         previous, self._listener = self._listener, None
+        keep_inherited(previous, self._trimmer)
         self._trimmer = Trimmer(self.dialect, self.table, self.settings)
         self._publisher.after_fork()
         self._pid = os.getpid()
-        # The pool's connections belong to the parent; drop them without closing them.
+        # The pool's connections belong to the parent: replace the pool without closing them.
+        keep_inherited(self.engine.pool)
         self.engine.dispose(close=False)
         if previous is not None and not self._closed and len(self._registry):
             self._start(resume=previous)
@@ -225,13 +246,20 @@ class PubSub:
         return f"<PubSub {self.table.name} on {self.engine.url!r} listening={self.listening}>"
 
 
-def _after_fork_in_child() -> None:
-    for pubsub in list(_instances):
-        try:
-            pubsub._after_fork_in_child()
-        except Exception:  # noqa: BLE001 - a child must come up even if one instance cannot
-            log.exception("firm-channel could not restart its listener after fork")
+def _each_instance(method: str) -> Callable[[], None]:
+    def run() -> None:
+        for pubsub in list(_instances):
+            try:
+                getattr(pubsub, method)()
+            except Exception:  # noqa: BLE001 - one instance must not break a fork
+                log.exception("firm-channel could not prepare for fork (%s)", method)
+
+    return run
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(
+        before=_each_instance("_before_fork"),
+        after_in_parent=_each_instance("_after_fork_in_parent"),
+        after_in_child=_each_instance("_after_fork_in_child"),
+    )

@@ -31,6 +31,8 @@ class Trimmer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: Held around a background batch; ``fork`` waits for it (see ``Listener``).
+        self._busy = threading.RLock()
         self.batches = 0
         self.deleted = 0
         self.errors = 0
@@ -104,12 +106,19 @@ class Trimmer:
                 return
             self._wanted.clear()
             try:
-                deleted = self._batch(self.cutoff(), self._settings.trim_batch_size)
+                with self._busy:
+                    deleted = self._batch(self.cutoff(), self._settings.trim_batch_size)
                 self.batches += 1
                 self.deleted += deleted
             except Exception:
                 self.errors += 1
                 log.exception("firm-channel background trim failed")
+
+    def hold_for_fork(self) -> None:
+        self._busy.acquire()
+
+    def release_after_fork(self) -> None:
+        self._busy.release()
 
     def close(self, timeout: float = 2.0) -> None:
         with self._lock:

@@ -1,0 +1,36 @@
+"""What a listener reports about itself, to code (``health()``) and to the admin console."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ListenerHealth:
+    """A snapshot of one process's listener for one table."""
+
+    running: bool = False
+    #: ``data_version`` (SQLite), ``notify`` (PostgreSQL), ``adaptive`` (MySQL) or ``poll``.
+    wake_mode: str = "poll"
+    wake_healthy: bool = True
+    wakes: int = 0
+    #: Failures and reconnections of the wake hint (its connection dropped, say); while it
+    #: is unhealthy the listener polls every ``polling_interval``.
+    wake_errors: int = 0
+    wake_reconnects: int = 0
+    wake_last_error: str | None = None
+    polls: int = 0
+    rows_read: int = 0
+    delivered: int = 0
+    subscriber_errors: int = 0
+    errors: int = 0
+    restarts: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+    #: When the last poll that reached the table succeeded (epoch seconds).
+    last_poll_at: float | None = None
+    #: Seconds from a message's ``created_at`` to its dispatch, for the latest message.
+    lag: float | None = None
+    high_water: int | None = None
+    open_gaps: int = 0
+    resets: int = 0
