@@ -517,7 +517,8 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         add(f"## Idle cost and the first message after {cfg.idle_s:.0f} s idle")
         add("")
         add(
-            f"All subscribed processes idle side by side for {cfg.idle_s:.0f} s (CPU of the whole "
+            f"Subscribed processes idle side by side for {cfg.idle_s:.0f} s (firm-channel at 10 ms "
+            "polling in a group of its own, as it keeps a tenth of a core busy; CPU of the whole "
             "subscriber process, % of one core); then each gets one message, one contender at a "
             f"time; {cfg.idle_windows} such window{'s' if cfg.idle_windows > 1 else ''} per "
             "round, medians over all of them. Table "
