@@ -148,6 +148,22 @@ class Listener:
         self._busy.release()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:
+            log.critical(
+                "firm-channel listener for %s stopped by %r; the next broadcast or "
+                "subscription in this process restarts it",
+                self._table.name,
+                exc,
+            )
+        finally:
+            with self._busy:
+                self._drop_connection()
+                self._hint.close()
+            self._health.running = False
+
+    def _loop(self) -> None:
         with self._busy:
             self._hint.open()
         backoff = 0.0
@@ -185,9 +201,6 @@ class Listener:
                 self._wake.wait(backoff)
                 if not self._stopping:
                     self._health.restarts += 1
-        with self._busy:
-            self._drop_connection()
-            self._hint.close()
 
     def _connection(self) -> Connection:
         if self._conn is None:

@@ -88,18 +88,26 @@ class PubSub:
         if not rows:
             return []
         ids = self._publisher.publish(rows, connection)
-        listener = self._listener
-        if listener is not None and connection is None:
-            listener.wake()
+        if connection is None:
+            self._wake_listener()
         if self.settings.auto_trim:
             self._trimmer.maybe_request(len(rows))
         return ids
 
     def committed(self) -> None:
         """Tell the local listener a transaction holding broadcasts just committed."""
+        self._wake_listener()
+
+    def _wake_listener(self) -> None:
         listener = self._listener
-        if listener is not None:
+        if listener is None:
+            return
+        if listener.alive:
             listener.wake()
+        elif not self._closed:
+            # Only something like SystemExit raised in a callback ends the thread; it was
+            # logged. Carry on from where it stopped rather than stay silent.
+            self._start(resume=listener)
 
     # -- subscribing ----------------------------------------------------------------------
 
@@ -145,6 +153,7 @@ class PubSub:
                 raise RuntimeError("this PubSub is closed")
             if self._listener is not None and self._listener.alive:
                 return
+            resume = resume or self._listener
             listener_ref: list[Listener] = []
 
             def on_wake() -> None:
