@@ -40,6 +40,10 @@ def create_app() -> Flask:
             lambda: print("threads at exit: " + ",".join(_thread_names()), file=sys.stderr)
         )
 
+    @app.get("/threads")
+    def threads() -> str:
+        return "\n".join(_thread_names())
+
     @app.cli.command("show-threads")
     @click.option("--start", is_flag=True, help="Start the listener first.")
     def show_threads(start: bool) -> None:
