@@ -276,3 +276,27 @@ def test_ids_never_reused_after_emptying(make_app: Callable[..., Any], backend: 
                     sa.text("SELECT seq FROM sqlite_sequence WHERE name = :t"), {"t": t.name}
                 ).scalar_one()
             assert seq == after_trim
+
+
+def test_alembic_autogenerate_sees_the_table(make_app: Callable[..., Any], table_name: str) -> None:
+    """Flask-Migrate's ``flask db migrate`` compares db.metadata with the database: it must
+    propose the table while it is missing, and nothing once it exists."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    app, db, fc = make_app(create_table=False)
+
+    def ours(diffs: list[Any]) -> list[Any]:
+        flat = [d for group in diffs for d in (group if isinstance(group, list) else [group])]
+        return [d for d in flat if table_name in repr(d)]
+
+    with app.app_context(), db.engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"compare_type": True})
+        missing = ours(compare_metadata(context, db.metadata))
+        assert [d[0] for d in missing] == ["add_table"] + ["add_index"] * 3
+        assert missing[0][1].name == fc.table.name == table_name
+    with app.app_context():
+        db.create_all()
+        with db.engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            assert ours(compare_metadata(context, db.metadata)) == []
