@@ -241,7 +241,7 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         "Versions: "
         + ", ".join(f"{k} {v}" for k, v in pk.items())
         + "; servers: "
-        + ", ".join(f"{k} {v}" for k, v in srv.items())
+        + ", ".join(f"{k} {str(v).removeprefix(k + ' ')}" for k, v in srv.items())
         + f"; commit {meta.get('commit', '-')}."
     )
     add("")
