@@ -379,7 +379,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--scenarios", default=",".join(SCENARIOS), help=f"comma list of {','.join(SCENARIOS)}"
     )
     p.add_argument("--rounds", type=int, help="rounds per measurement (median is reported)")
-    p.add_argument("--out", default="docs", help="where benchmarks.md and latency.png go")
+    p.add_argument(
+        "--out",
+        help="where benchmarks.md and latency.png go (default: docs/; with --quick, "
+        "bench/results/quick/ so a smoke run never replaces the published numbers)",
+    )
     p.add_argument("--no-write", action="store_true", help="print only; write no docs")
     p.add_argument("--from-json", metavar="PATH", help="re-render a saved run (bench/results/)")
     return p.parse_args(argv)
@@ -415,6 +419,8 @@ def rerender(path: str, args: Any) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.out is None:
+        args.out = "bench/results/quick" if args.quick else "docs"
     if args.from_json:
         return rerender(args.from_json, args)
     cfg = QUICK if args.quick else Config()
