@@ -4,5 +4,8 @@ PostgreSQL LISTEN/NOTIFY and the raw-driver INSERT + COMMIT floor.
 Run it from the repository root with ``python -m bench`` (``--help`` for options). It writes
 ``docs/benchmarks.md`` and ``docs/latency.png`` and prints the same tables.
 
-Kept light on purpose: every measurement spawns fresh worker processes that import this package.
+``runner`` (the command and the interleaved rounds) → ``measure`` (one function per scenario)
+→ ``worker`` (one contender in one process) → ``contenders`` (set-up and the adapters);
+``metrics``, ``report``, ``plot`` and ``machine`` turn the raw rounds into the published page.
+Kept light on purpose: worker processes import this package.
 """

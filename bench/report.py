@@ -1,19 +1,15 @@
-"""Turn raw rounds into the markdown tables of ``docs/benchmarks.md`` and the latency plot."""
+"""Turn raw rounds into the markdown tables of ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 
 import math
-import os
-import platform
-import subprocess
-import time
-from importlib import metadata
 from typing import Any
 
-from .contenders import BACKEND_LABEL, BACKENDS, MARIADB_URL, PG_URL, REDIS_HOST, REDIS_PORT
-from .stats import median, pct
+from .contenders import BACKEND_LABEL, BACKENDS
+from .metrics import delivery, errors, idle, ok_runs, throughput
 
 Results = dict[str, dict[str, list[dict[str, Any]]]]
+
 
 # Issue 3, per backend: p50, p99, first after idle (ms), share of floor (%), rows/msg, idle CPU (%).
 TARGETS = {
@@ -21,66 +17,6 @@ TARGETS = {
     "postgres": (2.0, 5.0, 5.0, 80.0, 2.0, 1.0),
     "mariadb": (10.0, 25.0, 60.0, 80.0, 2.0, 2.0),
 }
-
-
-# -- machine ---------------------------------------------------------------------------------
-
-
-def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "python": platform.python_version(),
-        "kernel": platform.release(),
-        "cores": os.cpu_count(),
-        "cpu": "unknown",
-    }
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    pkgs = {}
-    for name in ("flask-firm-channel", "firm-channel", "SQLAlchemy", "psycopg", "PyMySQL", "redis"):
-        try:
-            pkgs[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pkgs[name] = "-"
-    info["packages"] = pkgs
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        info["commit"] = rev.stdout.strip() or "-"
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = "-"
-    servers = {}
-    try:
-        import sqlite3
-
-        servers["SQLite"] = sqlite3.sqlite_version
-        import sqlalchemy as sa
-
-        for label, url in (("PostgreSQL", PG_URL), ("MariaDB", MARIADB_URL)):
-            try:
-                e = sa.create_engine(url)
-                with e.connect() as c:
-                    v = c.exec_driver_sql("SELECT version()").scalar()
-                servers[label] = str(v).split(" on ")[0].split(",")[0]
-                e.dispose()
-            except Exception:  # noqa: BLE001
-                servers[label] = "unreachable"
-        import redis
-
-        r = redis.Redis(host=REDIS_HOST, port=REDIS_PORT)
-        servers["Redis"] = r.info("server").get("redis_version", "?")
-        r.close()
-    except Exception:  # noqa: BLE001
-        pass
-    info["servers"] = servers
-    return info
 
 
 # -- formatting ------------------------------------------------------------------------------
@@ -113,88 +49,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(r + [""] * (len(header) - len(r))) + " |" for r in rows]
     return "\n".join(out)
-
-
-def ok_runs(runs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    return [r for r in runs or [] if "error" not in r]
-
-
-def errors(runs: list[dict[str, Any]] | None) -> list[str]:
-    return [r["error"].splitlines()[0] for r in runs or [] if "error" in r]
-
-
-# -- metrics per contender -------------------------------------------------------------------
-
-
-def delivery(runs: list[dict[str, Any]] | None) -> dict[str, float]:
-    good = ok_runs(runs)
-    if not good:
-        return {}
-    out = {f"p{p}": median(pct(r["latencies"], p) for r in good) for p in (50, 90, 99)}
-    out["max"] = median(max(r["latencies"], default=math.nan) for r in good)
-    out["expected"] = sum(r["sent"] * r["subs"] for r in good)
-    out["delivered"] = sum(r["delivered"] for r in good)
-    out["dups"] = sum(r["dups"] for r in good)
-    out["rate"] = median(r["sent"] / max(r["send_elapsed"], 1e-9) for r in good)
-    cpu, rows = [], []
-    for r in good:
-        s = r["per_sub"][0]
-        cpu.append(100.0 * s["cpu_s"] / max(s["wall_s"], 1e-9))
-        rows.append(rows_per_message(s))
-    out["cpu"] = median(cpu)
-    out["rows_per_msg"] = median(rows)
-    out["call_p50"] = median(r.get("call_p50_ms") for r in good)
-    out["rounds_p50"] = [pct(r["latencies"], 50) for r in good]  # type: ignore[assignment]
-    out["rounds_p99"] = [pct(r["latencies"], 99) for r in good]  # type: ignore[assignment]
-    return out
-
-
-def rows_per_message(s: dict[str, Any]) -> float:
-    before, after = s.get("stats_before") or {}, s.get("stats_after") or {}
-    if after.get("rows_read") is None or before.get("rows_read") is None:
-        return math.nan
-    rows = after["rows_read"] - before["rows_read"]
-    if after.get("delivered") is not None and before.get("delivered") is not None:
-        delivered = after["delivered"] - before["delivered"]
-    else:
-        delivered = s["delivered"]
-    return rows / delivered if delivered else math.nan
-
-
-def throughput(runs: list[dict[str, Any]] | None) -> dict[str, float]:
-    good = ok_runs(runs)
-    if not good:
-        return {}
-    out = {"single": median(r["single"]["rate"] for r in good)}
-    out["many"] = median(r["many"]["rate"] for r in good if "many" in r)
-    return out
-
-
-def idle(runs: list[dict[str, Any]] | None) -> dict[str, float]:
-    good = [r for r in runs or [] if "idle" in r]
-    if not good:
-        return {}
-    cpu = [100.0 * r["idle"]["cpu_s"] / max(r["idle"]["wall_s"], 1e-9) for r in good]
-    rows = []
-    for r in good:
-        b, a = r["idle"].get("stats_before") or {}, r["idle"].get("stats_after") or {}
-        if a.get("rows_read") is not None and b.get("rows_read") is not None:
-            rows.append(a["rows_read"] - b["rows_read"])
-    polls = []
-    for r in good:
-        b, a = r["idle"].get("stats_before") or {}, r["idle"].get("stats_after") or {}
-        if a.get("polls") is not None and b.get("polls") is not None:
-            polls.append((a["polls"] - b["polls"]) / max(r["idle"]["wall_s"], 1e-9))
-    firsts = [r["first"] for r in good if "first" in r]
-    return {
-        "cpu": median(cpu),
-        "rows": median(rows) if rows else math.nan,
-        "polls": median(polls) if polls else math.nan,
-        "first": median(f["latencies"][0] if f["latencies"] else math.nan for f in firsts),
-        "first_sent": len(firsts),
-        "first_delivered": sum(f["delivered"] for f in firsts),
-        "first_dups": sum(f["dups"] for f in firsts),
-    }
 
 
 def ref_key(c: Any) -> str | None:
@@ -722,56 +576,3 @@ def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
         loss_cells.append(f"{lost} lost, {dups} dup {'✅' if lost == dups == 0 else '❌'}")
     rows.append(["losses / duplicates (all measurements)"] + loss_cells)
     return table(header, rows)
-
-
-# -- plot ------------------------------------------------------------------------------------
-
-
-def plot(contenders: list[Any], results: Results, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lat = results.get("latency", {})
-    backends = [
-        b
-        for b in BACKENDS
-        if any(c.backend == b and lat.get(c.key) for c in contenders if c.kind in ("ours", "firm"))
-    ]
-    if not backends:
-        return
-    fig, axes = plt.subplots(
-        1, len(backends), figsize=(5.2 * len(backends), 5.4), sharey=True, squeeze=False
-    )
-    style = {
-        "ours": dict(color="#1f6feb", lw=2.4, ls="-"),
-        "firm100": dict(color="#d9534f", lw=1.6, ls="-"),
-        "firm10": dict(color="#f0ad4e", lw=1.6, ls="-"),
-        "redis": dict(color="#555555", lw=1.2, ls="--"),
-        "pgnotify": dict(color="#555555", lw=1.2, ls=":"),
-    }
-    refs = [c for c in contenders if c.kind in ("redis", "pgnotify")]
-    for ax, b in zip(axes[0], backends, strict=False):
-        for c in [c for c in contenders if c.backend == b and c.kind in ("ours", "firm")] + refs:
-            samples: list[float] = []
-            for r in ok_runs(lat.get(c.key)):
-                samples.extend(r["latencies"])
-            if not samples:
-                continue
-            s = sorted(max(v, 0.01) for v in samples)
-            y = [(i + 1) / len(s) for i in range(len(s))]
-            sk = c.key.split("/")[0]
-            ax.step(
-                s, y, where="post", label=f"{c.label}, pooled p50 {ms(pct(s, 50))} ms", **style[sk]
-            )
-        ax.set_xscale("log")
-        ax.set_title(BACKEND_LABEL[b])
-        ax.set_xlabel("cross-process latency, ms (log)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
-    axes[0][0].set_ylabel("share of messages delivered within")
-    fig.suptitle("Broadcast → callback in another process (all rounds pooled)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -1,0 +1,260 @@
+"""The measurements: worker processes driven over pipes, one function per scenario.
+
+Every measurement gets fresh worker processes and a freshly created table, and every wait is
+bounded, so a stuck contender costs a timeout and an error row, never the run.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import worker
+from .contenders import Contender
+
+
+@dataclass
+class Config:
+    rounds: int = 3
+    lat_n: int = 300
+    gap_min: float = 0.002
+    gap_max: float = 0.006
+    fanout_subs: int = 4
+    fanout_n: int = 300
+    sustained_rate: float = 500.0
+    sustained_s: float = 10.0
+    sustained_rounds: int = 2
+    tp_n: int = 5000
+    many_batch: int = 100
+    idle_s: float = 10.0
+    idle_windows: int = 3
+    drain_s: float = 5.0
+    quick: bool = False
+
+
+QUICK = Config(
+    rounds=1,
+    lat_n=100,
+    fanout_n=60,
+    sustained_s=2.0,
+    sustained_rounds=1,
+    tp_n=500,
+    idle_s=3.0,
+    idle_windows=1,
+    drain_s=3.0,
+    quick=True,
+)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- worker handles ----------------------------------------------------------------------------
+
+
+class Worker:
+    def __init__(self, ctx: Any, spec: dict[str, Any]) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker.main, args=(spec, child), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        if not self.conn.poll(timeout):
+            raise BenchError(f"worker {self.proc.pid} did not answer within {timeout:.0f} s")
+        reply = self.conn.recv()
+        if "error" in reply:
+            raise BenchError(reply["error"] + "\n" + reply.get("trace", ""))
+        return reply
+
+    def call(self, cmd: tuple[Any, ...], timeout: float = 30.0) -> dict[str, Any]:
+        self.conn.send(cmd)
+        return self.recv(timeout)
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.call(("close",), 10)
+        except Exception:  # noqa: BLE001, S110 — falls through to terminate
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(3)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(3)
+        self.conn.close()
+
+
+class Fleet:
+    """Workers for one measurement, started together and always closed."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.workers: list[Worker] = []
+
+    def spawn(self, spec: dict[str, Any], n: int = 1) -> list[Worker]:
+        ws = [Worker(self.ctx, spec) for _ in range(n)]
+        self.workers.extend(ws)
+        return ws
+
+    def ready(self, timeout: float = 60.0) -> None:
+        for w in self.workers:
+            w.recv(timeout)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+        self.workers = []
+
+
+def rotated(cs: list[Contender], rnd: int) -> list[Contender]:
+    """The contender order for round ``rnd``: rotated, so nobody is always first or last."""
+    k = rnd % len(cs) if cs else 0
+    return cs[k:] + cs[:k]
+
+
+def chan(scenario: str, rnd: int, c: Contender) -> str:
+    # Valid as a PostgreSQL identifier too (raw LISTEN uses it as one).
+    return f"bench_{scenario}_{rnd}_{c.serial}"
+
+
+# -- measurements ------------------------------------------------------------------------------
+
+
+def measure_delivery(
+    ctx: Any,
+    c: Contender,
+    cfg: Config,
+    channel: str,
+    subs: int,
+    n: int,
+    rate: float | None,
+    max_seconds: float,
+) -> dict[str, Any]:
+    """Broadcaster process sends ``n`` messages to ``subs`` subscriber processes."""
+    fleet = Fleet(ctx)
+    c.setup()
+    try:
+        sub_ws = fleet.spawn(c.spec, subs)
+        (pub,) = fleet.spawn(c.spec)
+        fleet.ready()
+        pub.call(("warm", channel + "_warm"))
+        for w in sub_ws:
+            w.call(("subscribe", channel))
+        time.sleep(0.3)  # let every listener thread reach its loop
+        for w in sub_ws:
+            w.call(("mark",))
+        sent = pub.call(
+            ("send", channel, n, cfg.gap_min, cfg.gap_max, rate, max_seconds), max_seconds + 60
+        )
+        per_sub = [w.call(("collect", sent["sent"], cfg.drain_s), cfg.drain_s + 30) for w in sub_ws]
+    finally:
+        fleet.close()
+        c.teardown()
+    lat: list[float] = []
+    for r in per_sub:
+        lat.extend(r["latencies"])
+    return {
+        "sent": sent["sent"],
+        "send_errors": sent["errors"],
+        "send_elapsed": sent["elapsed"],
+        "call_p50_ms": sent.get("call_p50_ms"),
+        "subs": subs,
+        "delivered": sum(r["delivered"] for r in per_sub),
+        "dups": sum(r["dups"] for r in per_sub),
+        "foreign": sum(r["foreign"] for r in per_sub),
+        "latencies": lat,
+        "per_sub": [{k: v for k, v in r.items() if k != "latencies"} for r in per_sub],
+    }
+
+
+def measure_throughput(ctx: Any, c: Contender, cfg: Config, channel: str) -> dict[str, Any]:
+    fleet = Fleet(ctx)
+    c.setup()
+    try:
+        (pub,) = fleet.spawn(c.spec)
+        fleet.ready()
+        out: dict[str, Any] = {"single": pub.call(("throughput", channel, cfg.tp_n, 120), 200)}
+        if c.has_many:
+            out["many"] = pub.call(("many", channel, cfg.tp_n, cfg.many_batch, 120), 200)
+    finally:
+        fleet.close()
+        c.teardown()
+    return out
+
+
+def measure_idle(
+    ctx: Any, cs: list[Contender], cfg: Config, rnd: int
+) -> dict[str, list[dict[str, Any]]]:
+    """All subscribed processes idle together for ``idle_s``; then each gets one message, one
+    contender at a time. ``idle_windows`` times over the same processes."""
+    out: dict[str, list[dict[str, Any]]] = {c.key: [] for c in cs}
+    fleets: dict[str, tuple[Fleet, Worker, Worker]] = {}
+
+    def fail(key: str, exc: BaseException) -> None:
+        out[key].append({"error": f"{type(exc).__name__}: {exc}"})
+        if key in fleets:
+            fleets.pop(key)[0].close()
+
+    try:
+        for c in cs:
+            try:
+                c.setup()
+                f = Fleet(ctx)
+                fleets[c.key] = (f, f.spawn(c.spec)[0], f.spawn(c.spec)[0])
+            except Exception as exc:  # noqa: BLE001
+                fail(c.key, exc)
+        for c in cs:
+            if c.key not in fleets:
+                continue
+            f, sub, pub = fleets[c.key]
+            try:
+                f.ready()
+                pub.call(("warm", chan("idle", rnd, c) + "_warm"))
+                sub.call(("subscribe", chan("idle", rnd, c)))
+            except Exception as exc:  # noqa: BLE001
+                fail(c.key, exc)
+        for _ in range(cfg.idle_windows):
+            time.sleep(1.0)  # past any "recent traffic" fast mode
+            for key in list(fleets):
+                try:
+                    fleets[key][1].call(("mark",))
+                except Exception as exc:  # noqa: BLE001
+                    fail(key, exc)
+            time.sleep(cfg.idle_s)
+            window: dict[str, dict[str, Any]] = {}
+            for key in list(fleets):
+                try:
+                    window[key] = {"idle": fleets[key][1].call(("collect", 0, 0), 30)}
+                except Exception as exc:  # noqa: BLE001
+                    fail(key, exc)
+            for c in cs:
+                if c.key not in fleets or c.key not in window:
+                    continue
+                _, sub, pub = fleets[c.key]
+                try:
+                    sub.call(("mark",))
+                    pub.call(("send", chan("idle", rnd, c), 1, 0, 0, None, 10), 30)
+                    window[c.key]["first"] = sub.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
+                    out[c.key].append(window[c.key])
+                except Exception as exc:  # noqa: BLE001
+                    fail(c.key, exc)
+                time.sleep(0.2)
+    finally:
+        for c in cs:
+            if c.key in fleets:
+                fleets[c.key][0].close()
+            try:
+                c.teardown()
+            except Exception as exc:  # noqa: BLE001
+                log(f"  teardown {c.key}: {exc}")
+    return out
