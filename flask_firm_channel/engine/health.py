@@ -19,6 +19,8 @@ class ListenerHealth:
     wake_errors: int = 0
     wake_reconnects: int = 0
     wake_last_error: str | None = None
+    #: How the hint is waiting right now, in words.
+    wake_detail: str = ""
     polls: int = 0
     rows_read: int = 0
     delivered: int = 0

@@ -57,6 +57,7 @@ class Listener:
         self._registry = registry
         self._hint = hint
         self._wake = threading.Event()
+        self._forced = False
         #: Held while the thread is inside the database driver; ``fork`` waits for it, so a
         #: child never inherits a driver (SQLite's mutexes, a half-read socket) mid-call.
         self._busy = threading.RLock()
@@ -104,7 +105,12 @@ class Listener:
         self._followed = previous._followed
 
     def wake(self) -> None:
-        """Poll now (a broadcast in this process, a subscription change, a hint)."""
+        """Poll now (a broadcast in this process, a subscription change)."""
+        self._forced = True
+        self._wake.set()
+
+    def hint_wake(self) -> None:
+        """Wake up for the hint: poll if it says so (see ``WakeHint.confirms_wakes``)."""
         self._wake.set()
 
     def close(self, timeout: float = 2.0) -> None:
@@ -134,6 +140,7 @@ class Listener:
             wake_errors=hint.errors,
             wake_reconnects=hint.reconnects,
             wake_last_error=hint.last_error,
+            wake_detail=hint.detail,
             high_water=self._high_water,
             open_gaps=len(self._gaps),
         )
@@ -177,9 +184,15 @@ class Listener:
                 if self._stopping:
                     break
                 self._wake.clear()
+                forced, self._forced = self._forced, False
                 with self._busy:
                     rows = -1
-                    if signalled or self._hint.check() or time.monotonic() >= next_safety_poll:
+                    if (
+                        forced
+                        or (signalled and not self._hint.confirms_wakes)
+                        or self._hint.check()
+                        or time.monotonic() >= next_safety_poll
+                    ):
                         rows = self.poll()
                         self._hint.activity(rows)
                 if rows >= 0:
@@ -406,4 +419,4 @@ class Listener:
         for subs in self._registry.snapshot().by_channel.values():
             for sub in subs:
                 sub.anchor = 0
-        self._wake.set()
+        self.wake()

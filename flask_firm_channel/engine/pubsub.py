@@ -88,7 +88,8 @@ class PubSub:
         if not rows:
             return []
         ids = self._publisher.publish(rows, connection)
-        if connection is None:
+        followed = self._registry.snapshot().by_channel
+        if connection is None and any(channel in followed for channel, _ in rows):
             self._wake_listener()
         if self.settings.auto_trim:
             self._trimmer.maybe_request(len(rows))
@@ -158,7 +159,7 @@ class PubSub:
 
             def on_wake() -> None:
                 if listener_ref:
-                    listener_ref[0].wake()
+                    listener_ref[0].hint_wake()
 
             def interested(hash_: int) -> bool:
                 return hash_ in self._registry.snapshot().hash_set

@@ -1,0 +1,88 @@
+"""The SQLite wake hint's file watch (Linux inotify), and the timed data_version reads it
+falls back to when a platform or filesystem cannot watch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from flask_firm_channel import PubSub
+from flask_firm_channel.engine import wake
+from flask_firm_channel.engine.filewatch import FileWatch, WatchLost
+
+from .conftest import wait_for
+
+
+def test_wait_returns_on_a_write_and_on_stop(tmp_path: Path) -> None:
+    target = tmp_path / "db-wal"
+    target.write_bytes(b"")
+    watch = FileWatch.create([str(target)])
+    assert watch is not None, "inotify is expected on the Linux machines we test on"
+    try:
+        assert watch.wait(0.05) is False  # nothing happened
+        writer = threading.Timer(0.05, lambda: target.write_bytes(b"frame"))
+        writer.start()
+        started = time.monotonic()
+        assert watch.wait(5) is True
+        assert time.monotonic() - started < 2
+        writer.join()
+        while watch.wait(0.05):  # the rest of that write's events (truncate, then data)
+            pass
+        stopper = threading.Timer(0.05, watch.stop)
+        stopper.start()
+        assert watch.wait(5) is False
+        stopper.join()
+    finally:
+        watch.close()
+
+
+def test_a_deleted_file_is_reported_as_lost(tmp_path: Path) -> None:
+    target = tmp_path / "db-wal"
+    target.write_bytes(b"")
+    watch = FileWatch.create([str(target)])
+    assert watch is not None
+    try:
+        target.unlink()
+        with pytest.raises(WatchLost):
+            watch.wait(5)
+    finally:
+        watch.close()
+
+
+def test_a_missing_file_cannot_be_watched(tmp_path: Path) -> None:
+    assert FileWatch.create([str(tmp_path / "absent")]) is None
+    assert FileWatch.create([]) is None
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_sqlite_hint_watches_the_wal_and_delivers(
+    backend: str, make_pubsub: Callable[..., PubSub]
+) -> None:
+    pubsub = make_pubsub()
+    received: list[bytes] = []
+    pubsub.subscribe("w", received.append)
+    wait_for(lambda: pubsub.health().polls >= 1)
+    assert pubsub.health().wake_detail.startswith("inotify on ")
+    assert pubsub.health().wake_detail.endswith("-wal, then data_version")
+    for i in range(50):
+        pubsub.broadcast("w", str(i))
+    wait_for(lambda: len(received) == 50)
+    assert received == [str(i).encode() for i in range(50)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_without_a_file_watch_data_version_is_read_on_a_timer(
+    backend: str, make_pubsub: Callable[..., PubSub], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wake.FileWatch, "create", classmethod(lambda cls, paths: None))
+    pubsub = make_pubsub()
+    received: list[bytes] = []
+    pubsub.subscribe("t", received.append)
+    wait_for(lambda: pubsub.health().polls >= 1)
+    assert pubsub.health().wake_detail.startswith("data_version read every 1 ms")
+    pubsub.broadcast("t", "timed")
+    wait_for(lambda: received == [b"timed"])
