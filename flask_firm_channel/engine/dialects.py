@@ -69,6 +69,17 @@ class Dialect:
     def notify_params(self, table: Table) -> dict[str, Any]:
         return {}
 
+    def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
+        """Run the broadcast statement once per row on a driver cursor; return the ids.
+
+        One statement per row, because only that gives each row's id on every driver.
+        """
+        ids = []
+        for row in params:
+            cursor.execute(sql, row)
+            ids.append(int(cursor.fetchone()[0] if returns_id else cursor.lastrowid))
+        return ids
+
     @contextmanager
     def trim_transaction(self) -> Iterator[Connection]:
         with self.engine.begin() as conn:
@@ -159,6 +170,17 @@ class PostgreSQLDialect(Dialect):
 
     def returns_id(self, *, notify: bool) -> bool:
         return True
+
+    def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
+        # psycopg pipelines an executemany: every row in one round trip, each result kept.
+        if not hasattr(cursor, "nextset") or self.engine.dialect.driver != "psycopg":
+            return super().insert_many(cursor, sql, params, returns_id)
+        cursor.executemany(sql, params, returning=True)
+        ids = []
+        while True:
+            ids.append(int(cursor.fetchone()[0]))
+            if not cursor.nextset():
+                return ids
 
     def notify_params(self, table: Table) -> dict[str, Any]:
         return {"p_notify": notify_channel_name(table.name)}

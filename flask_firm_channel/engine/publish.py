@@ -19,10 +19,16 @@ from .table import channel_hash, utcnow
 Row = tuple[bytes, bytes]
 
 
+def new_id(cursor: Any, returns_id: bool) -> int:
+    """The id of the row the cursor just inserted."""
+    return int(cursor.fetchone()[0] if returns_id else cursor.lastrowid)
+
+
 class Publisher:
     def __init__(self, engine: Engine, dialect: Dialect, table: Table, *, notify: bool) -> None:
         notify = notify and dialect.wake_kind == "notify"
         self._engine = engine
+        self._dialect = dialect
         self._connections = ConnectionStack(engine)
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._statement = dialect.insert_statement(table, notify=notify)
@@ -60,9 +66,7 @@ class Publisher:
         return tuple(values[name] for name in self._order)
 
     def _new_id(self, cursor: Any) -> int:
-        if self._returns_id:
-            return int(cursor.fetchone()[0])
-        return int(cursor.lastrowid)
+        return new_id(cursor, self._returns_id)
 
     def publish(self, rows: Sequence[Row], connection: Connection | None = None) -> list[int]:
         """Insert ``rows`` in one transaction and return their ids, in order.
@@ -86,11 +90,15 @@ class Publisher:
             try:
                 cursor = conn.cursor()
                 try:
-                    ids = []
-                    for channel, payload in rows:
-                        params = self._driver_params(self._values(channel, payload, now))
-                        cursor.execute(self._sql, params)
-                        ids.append(self._new_id(cursor))
+                    params = [
+                        self._driver_params(self._values(channel, payload, now))
+                        for channel, payload in rows
+                    ]
+                    if len(params) == 1:
+                        cursor.execute(self._sql, params[0])
+                        ids = [self._new_id(cursor)]
+                    else:
+                        ids = self._dialect.insert_many(cursor, self._sql, params, self._returns_id)
                 finally:
                     cursor.close()
                 committing = True
