@@ -283,3 +283,26 @@ def test_out_of_order_commit_is_not_skipped(
     ps.broadcast("ooo", "tail")
     wait_for(lambda: received[-1:] == [b"tail"])
     assert len(received) == 4 and len(set(received)) == 4
+
+
+def test_subscription_made_while_the_table_was_missing_gets_later_messages(
+    engine: sa.Engine, table_name: str
+) -> None:
+    """Its anchor could not be read at subscribe time; once the table exists, a message
+    broadcast before the listener's first poll is still newer than the subscription."""
+    from flask_firm_channel import PubSub, Settings, message_table
+
+    table = message_table(sa.MetaData(), table_name)
+    pubsub = PubSub(engine, table, Settings(auto_trim=False), autostart=False)
+    received: list[bytes] = []
+    try:
+        sub = pubsub.subscribe("late-table", received.append)
+        assert sub.anchor is None
+        table.create(engine)
+        pubsub.broadcast("late-table", "first")
+        pubsub.start()
+        wait_for(lambda: received == [b"first"])
+        assert sub.anchor == 0
+    finally:
+        pubsub.close()
+        table.drop(engine, checkfirst=True)

@@ -222,9 +222,7 @@ def test_listener_stopped_by_systemexit_is_logged_and_restarted(
     pubsub.broadcast("fatal", "exit")
     wait_for(lambda: not pubsub.listening)
     assert not pubsub.health().running
-    assert any(
-        r.levelname == "CRITICAL" and "SystemExit" in r.getMessage() for r in caplog.records
-    )
+    assert any(r.levelname == "CRITICAL" and "SystemExit" in r.getMessage() for r in caplog.records)
     pubsub.broadcast("fatal", "after")
     wait_for(lambda: received == [b"exit", b"after"])
     assert pubsub.listening and pubsub.health().running

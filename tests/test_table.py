@@ -246,9 +246,8 @@ def test_init_app_does_not_create_the_table(make_app: Callable[..., Any], table_
 
         db.create_all()
         assert sa.inspect(db.engine).has_table(table_name)
-        # A message broadcast right away, before the listener has recovered from its
-        # back-off, is still delivered: the subscription is older than the message.
-        assert fc.health().polls == 0
+        # A message broadcast right away (the listener may still be backing off) is
+        # delivered: the subscription is older than the message.
         assert fc.broadcast("early", b"after create_all") >= 1
         wait_for(lambda: received == [b"after create_all"], timeout=15)
 
