@@ -159,7 +159,11 @@ class SQLiteDialect(Dialect):
 
 class PostgreSQLDialect(Dialect):
     name = "postgresql"
-    wake_kind = "notify"
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        # LISTEN needs a driver that can wait for notifications: psycopg 3.
+        self.wake_kind = "notify" if engine.dialect.driver == "psycopg" else "poll"
 
     def insert_statement(self, table: Table, *, notify: bool) -> Insert | Select[Any]:
         ins = super().insert_statement(table, notify=notify)

@@ -408,6 +408,4 @@ def make_hint(
     kind = dialect.wake_kind if settings.wake_hints else "poll"
     if kind == "data_version" and dialect.memory_database():
         kind = "poll"  # one in-memory database per process: the local wake-up is enough
-    if kind == "notify" and dialect.engine.dialect.driver != "psycopg":
-        kind = "poll"
     return _HINTS[kind](dialect.engine, table, settings, on_wake, interested)
