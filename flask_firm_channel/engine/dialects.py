@@ -184,7 +184,7 @@ class PostgreSQLDialect(Dialect):
 
     def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
         # psycopg pipelines an executemany: every row in one round trip, each result kept.
-        if not hasattr(cursor, "nextset") or self.engine.dialect.driver != "psycopg":
+        if len(params) == 1 or self.engine.dialect.driver != "psycopg":
             return super().insert_many(cursor, sql, params, returns_id)
         cursor.executemany(sql, params, returning=True)
         ids = []

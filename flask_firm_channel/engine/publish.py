@@ -19,11 +19,6 @@ from .table import channel_hash, utcnow
 Row = tuple[bytes, bytes]
 
 
-def new_id(cursor: Any, returns_id: bool) -> int:
-    """The id of the row the cursor just inserted."""
-    return int(cursor.fetchone()[0] if returns_id else cursor.lastrowid)
-
-
 class Publisher:
     def __init__(self, engine: Engine, dialect: Dialect, table: Table, *, notify: bool) -> None:
         notify = notify and dialect.wake_kind == "notify"
@@ -65,9 +60,6 @@ class Publisher:
             return values
         return tuple(values[name] for name in self._order)
 
-    def _new_id(self, cursor: Any) -> int:
-        return new_id(cursor, self._returns_id)
-
     def publish(self, rows: Sequence[Row], connection: Connection | None = None) -> list[int]:
         """Insert ``rows`` in one transaction and return their ids, in order.
 
@@ -94,11 +86,7 @@ class Publisher:
                         self._driver_params(self._values(channel, payload, now))
                         for channel, payload in rows
                     ]
-                    if len(params) == 1:
-                        cursor.execute(self._sql, params[0])
-                        ids = [self._new_id(cursor)]
-                    else:
-                        ids = self._dialect.insert_many(cursor, self._sql, params, self._returns_id)
+                    ids = self._dialect.insert_many(cursor, self._sql, params, self._returns_id)
                 finally:
                     cursor.close()
                 committing = True

@@ -56,7 +56,6 @@ class PubSub:
         self._trimmer = Trimmer(self.dialect, table, self.settings)
         self._closed = False
         self._held: list[Listener | Trimmer] = []
-        self._pid = os.getpid()
         _instances.add(self)
 
     # -- publishing -----------------------------------------------------------------------
@@ -245,7 +244,6 @@ class PubSub:
         keep_inherited(previous, self._trimmer)
         self._trimmer = Trimmer(self.dialect, self.table, self.settings)
         self._publisher.after_fork()
-        self._pid = os.getpid()
         # The pool's connections belong to the parent: replace the pool without closing them.
         keep_inherited(self.engine.pool)
         self.engine.dispose(close=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -84,7 +84,3 @@ class Settings:
         _positive_int(self.max_payload_size, "max_payload_size")
         for name in ("auto_trim", "wake_hints", "sqlite_wal"):
             _flag(getattr(self, name), name)
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
