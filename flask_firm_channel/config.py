@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .engine import Settings
+from .engine.settings import to_seconds
 
 #: Every key ``init_app`` reads, with its default (set with ``app.config.setdefault``).
 DEFAULTS: dict[str, Any] = {
@@ -19,6 +21,10 @@ DEFAULTS: dict[str, Any] = {
     "FIRM_CHANNEL_SQLITE_WAL": True,
     "FIRM_CHANNEL_LISTENER": True,
     "FIRM_CHANNEL_BIND_KEY": None,
+    "FIRM_CHANNEL_SSE_HEARTBEAT": 15.0,
+    "FIRM_CHANNEL_SSE_RETRY": 3.0,
+    "FIRM_CHANNEL_SSE_QUEUE_SIZE": 256,
+    "FIRM_CHANNEL_SSE_MAX_STREAMS": 1000,
 }
 
 _SETTING_FOR_KEY = {
@@ -59,4 +65,47 @@ def flag(config: dict[str, Any], key: str) -> bool:
     value = config[key]
     if not isinstance(value, bool):
         raise TypeError(f"{key} must be True or False, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class SSESettings:
+    """How ``stream()`` behaves, from the ``FIRM_CHANNEL_SSE_*`` keys."""
+
+    #: Seconds of silence after which a stream sends a comment (keeps proxies from closing
+    #: it, and notices a client that left).
+    heartbeat: float
+    #: The ``retry:`` hint: how long a browser waits before reconnecting, in seconds.
+    retry: float
+    #: Messages a client may fall behind before it is disconnected (it then resumes).
+    queue_size: int
+    #: Open streams per process; past it, 503 with ``Retry-After``.
+    max_streams: int
+
+    @property
+    def retry_ms(self) -> int:
+        return max(1, round(self.retry * 1000))
+
+    @property
+    def retry_after(self) -> int:
+        """``Retry-After`` seconds of a 503."""
+        return max(1, round(self.retry))
+
+
+def sse_settings_from_config(config: dict[str, Any]) -> SSESettings:
+    """Validated SSE settings; a bad value is an error naming its config key."""
+    return SSESettings(
+        heartbeat=to_seconds(config["FIRM_CHANNEL_SSE_HEARTBEAT"], "FIRM_CHANNEL_SSE_HEARTBEAT"),
+        retry=to_seconds(config["FIRM_CHANNEL_SSE_RETRY"], "FIRM_CHANNEL_SSE_RETRY"),
+        queue_size=positive_int(config, "FIRM_CHANNEL_SSE_QUEUE_SIZE"),
+        max_streams=positive_int(config, "FIRM_CHANNEL_SSE_MAX_STREAMS"),
+    )
+
+
+def positive_int(config: dict[str, Any], key: str) -> int:
+    value = config[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{key} must be an integer, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{key} must be at least 1, got {value}")
     return value

@@ -7,18 +7,21 @@ only constructor arguments, so one instance serves any number of apps (the facto
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import click
-from flask import Flask, current_app
+from flask import Flask, Response, current_app, request
 from sqlalchemy import Engine, Table, event
 from sqlalchemy.orm import Session, scoped_session
 
 from . import config as cfg
+from . import serving, sse
 from .engine import (
     DEFAULT_TABLE_NAME,
     ListenerHealth,
@@ -27,11 +30,25 @@ from .engine import (
     Subscription,
     message_table,
 )
+from .engine.fanout import (
+    Consumer,
+    ConsumerClosed,
+    Cursor,
+    Fanout,
+    FanoutClosed,
+    HistoryTrimmed,
+    Message,
+    QueueOverflow,
+    TooManyConsumers,
+)
+from .engine.settings import to_seconds
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
 
 EXTENSION_KEY = "firm_channel"
+
+log = logging.getLogger("flask_firm_channel")
 
 
 @dataclass
@@ -41,11 +58,13 @@ class FirmChannelState:
     db: SQLAlchemy
     table: Table
     settings: Settings
+    sse: cfg.SSESettings
     bind_key: str | None
     #: Start the listener on the first subscription (serving processes only).
     autostart: bool
     listener_enabled: bool
     _pubsub: PubSub | None = None
+    _fanout: Fanout | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def engine(self, app: Flask) -> Engine:
@@ -64,9 +83,20 @@ class FirmChannelState:
                 )
             return self._pubsub
 
+    def fanout(self, app: Flask) -> Fanout:
+        """The consumers (streams, ``listen()`` loops) of this process's listener."""
+        pubsub = self.pubsub(app)
+        with self._lock:
+            if self._fanout is None or self._fanout.pubsub is not pubsub:
+                self._fanout = Fanout(pubsub)
+            return self._fanout
+
     def close(self) -> None:
         with self._lock:
             pubsub, self._pubsub = self._pubsub, None
+            fanout, self._fanout = self._fanout, None
+        if fanout is not None:
+            fanout.shutdown()
         if pubsub is not None:
             pubsub.close()
 
@@ -111,6 +141,7 @@ class FirmChannel:
             )
         cfg.apply_defaults(app.config)
         settings = cfg.settings_from_config(app.config)
+        sse_settings = cfg.sse_settings_from_config(app.config)
         listener_enabled = cfg.flag(app.config, "FIRM_CHANNEL_LISTENER")
         bind_key = (
             self.bind_key if self.bind_key is not None else app.config["FIRM_CHANNEL_BIND_KEY"]
@@ -123,10 +154,13 @@ class FirmChannel:
             db=db,
             table=table,
             settings=settings,
+            sse=sse_settings,
             bind_key=bind_key,
             autostart=listener_enabled and is_serving_process(),
             listener_enabled=listener_enabled,
         )
+        if listener_enabled and is_serving_process():
+            serving.end_streams_on_sigterm()
         from .cli import firm_channel_cli
 
         app.cli.add_command(firm_channel_cli)
@@ -201,6 +235,101 @@ class FirmChannel:
         """Stop delivering ``channel`` to ``callback``; return how many subscriptions went."""
         return self.pubsub().unsubscribe(channel, callback)
 
+    def listen(
+        self,
+        *channels: str | bytes,
+        after_id: int | str | None = None,
+        timeout: Any = None,
+    ) -> Listening:
+        """Iterate over the messages on ``channels`` as they arrive, blocking in between.
+
+        From now on by default; with ``after_id`` (a message id, or a :attr:`Message.cursor`)
+        the retained messages after it come first, in id order, then live ones, with no gap
+        and no duplicate. ``timeout`` (seconds or a timedelta) ends the iteration after that
+        long; ``None`` runs until :meth:`Listening.close` or the app's :meth:`close`.
+
+        The subscription is made by this call, not by the first ``next()``. Works wherever
+        an app context is (a worker script, a CLI command, a test) and shares this process's
+        one listener.
+        """
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        state = self.state(app)
+        if not state.listener_enabled:
+            raise RuntimeError("FIRM_CHANNEL_LISTENER is False: this app cannot listen")
+        seconds = None if timeout is None else to_seconds(timeout, "timeout", allow_zero=True)
+        if not channels:
+            raise ValueError("listen() needs at least one channel")
+        fanout = state.fanout(app)
+        if not fanout.pubsub.listening:
+            fanout.pubsub.start()
+        return Listening(fanout, channels, after_id, seconds, state.sse.queue_size)
+
+    def stream(
+        self,
+        *channels: str | bytes,
+        last_event_id: str | int | None = None,
+        heartbeat: Any = None,
+        retry: Any = None,
+        queue_size: int | None = None,
+        format_payload: sse.PayloadFormatter = sse.text_payload,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """A Server-Sent Events response for ``channels``: return it from a view.
+
+        Each message is an event whose ``id:`` is a resume cursor, ``event:`` the channel
+        name and ``data:`` the payload as text (``format_payload(message) -> str`` changes
+        that). ``last_event_id`` defaults to the request's ``Last-Event-ID`` header (or its
+        ``lastEventId`` query parameter): the retained messages after it are replayed first.
+        ``heartbeat``, ``retry`` and ``queue_size`` override the ``FIRM_CHANNEL_SSE_*``
+        settings for this stream. Past ``FIRM_CHANNEL_SSE_MAX_STREAMS`` open streams in this
+        process the answer is ``503`` with ``Retry-After``.
+
+        The app decides who may read which channel before calling this. The stream holds no
+        app context, session or database connection while it is open.
+        """
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        state = self.state(app)
+        if not state.listener_enabled:
+            raise RuntimeError("FIRM_CHANNEL_LISTENER is False: this app cannot stream")
+        if not channels:
+            raise ValueError("stream() needs at least one channel")
+        for channel in channels:
+            sse.event_name(_encoded(channel))
+        settings = state.sse
+        beat = settings.heartbeat if heartbeat is None else to_seconds(heartbeat, "heartbeat")
+        retry_ms = settings.retry_ms
+        if retry is not None:
+            retry_ms = max(1, round(to_seconds(retry, "retry") * 1000))
+        size = settings.queue_size if queue_size is None else queue_size
+        if last_event_id is None:
+            header = request.headers.get("Last-Event-ID") or request.args.get("lastEventId")
+            if header:
+                try:
+                    Cursor.parse(header.strip())
+                except ValueError as exc:
+                    return Response(f"Last-Event-ID: {exc}\n", status=400, mimetype="text/plain")
+                last_event_id = header.strip()
+        serving.warn_if_single_threaded(request.environ)
+        fanout = state.fanout(app)
+        try:
+            consumer = fanout.open(
+                channels,
+                after=last_event_id,
+                queue_size=size,
+                kind="stream",
+                limit=settings.max_streams,
+            )
+        except TooManyConsumers:
+            return sse.unavailable(
+                settings.retry_after, f"{settings.max_streams} streams are open in this process"
+            )
+        except FanoutClosed:
+            return sse.unavailable(settings.retry_after, "this process is shutting down")
+        body = sse.events(
+            consumer, heartbeat=beat, retry_ms=retry_ms, format_payload=format_payload
+        )
+        return sse.response(sse.Body(consumer, body), headers)
+
     def trim(
         self,
         older_than: Any = None,
@@ -229,6 +358,99 @@ class FirmChannel:
         """Stop this process's listener and trimmer for ``app`` (default: the current app).
         Returns promptly and is idempotent; a later call creates fresh ones on demand."""
         self.state(app).close()
+
+
+class Listening(Iterator[Message]):
+    """What :meth:`FirmChannel.listen` returns: an iterator of :class:`Message`, also a
+    context manager. :meth:`close` ends it from any thread."""
+
+    def __init__(
+        self,
+        fanout: Fanout,
+        channels: tuple[str | bytes, ...],
+        after: int | str | None,
+        timeout: float | None,
+        queue_size: int,
+    ) -> None:
+        self._fanout = fanout
+        self._channels = channels
+        self._queue_size = queue_size
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._after = after
+        self._last_cursor: str | None = None
+        self._consumer: Consumer | None = None
+        self._consumer = self._open(after)
+
+    def _open(self, after: int | str | None) -> Consumer:
+        return self._fanout.open(
+            self._channels, after=after, queue_size=self._queue_size, kind="listen"
+        )
+
+    def __iter__(self) -> Listening:
+        return self
+
+    def __next__(self) -> Message:
+        while True:
+            consumer = self._consumer
+            if consumer is None:
+                raise StopIteration
+            wait = None
+            if self._deadline is not None:
+                wait = self._deadline - time.monotonic()
+                if wait <= 0:
+                    self.close()
+                    raise StopIteration
+            try:
+                item = consumer.get(timeout=wait)
+            except QueueOverflow:
+                # Lossless catch-up: the table is the buffer, not this process's memory.
+                resume: int | str | None = self._last_cursor
+                if resume is None:
+                    resume = self._after if self._after is not None else consumer.resume_point
+                log.info("firm-channel listen() fell behind; resuming from %s", resume)
+                consumer.close()
+                self._after = resume
+                self._consumer = self._open(resume)
+                continue
+            except ConsumerClosed:
+                self.close()
+                raise StopIteration from None
+            if item is None:
+                continue
+            if isinstance(item, HistoryTrimmed):
+                log.warning(
+                    "firm-channel listen(): messages after %s may have been trimmed already"
+                    " (the oldest left is %s)",
+                    item.after,
+                    item.oldest_id,
+                )
+                continue
+            self._last_cursor = item.cursor
+            return item
+
+    @property
+    def cursor(self) -> str | None:
+        """The resume cursor after the last message returned (``None`` before the first):
+        ``listen(..., after_id=it)`` later carries on exactly there."""
+        return self._last_cursor
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            consumer.close()
+
+    def __enter__(self) -> Listening:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _encoded(channel: str | bytes) -> bytes:
+    return channel.encode("utf-8") if isinstance(channel, str) else bytes(channel)
 
 
 def _real_session(session: Any) -> Session:
@@ -281,4 +503,4 @@ def is_serving_process() -> bool:
     return not reload or os.environ.get("WERKZEUG_RUN_MAIN") == "true"
 
 
-__all__ = ["FirmChannel", "FirmChannelState", "is_serving_process"]
+__all__ = ["FirmChannel", "FirmChannelState", "Listening", "is_serving_process"]
