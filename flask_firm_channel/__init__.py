@@ -12,26 +12,24 @@
 from __future__ import annotations
 
 from .engine import ListenerHealth, PubSub, Settings, Subscription, channel_hash, message_table
-from .engine.fanout import Cursor, HistoryTrimmed, Message
-from .extension import FirmChannel, Listening
+from .extension import FirmChannel
 from .serving import end_streams_on_sigterm
-from .sse import HISTORY_TRIMMED_EVENT
+from .sse import HISTORY_TRIMMED_EVENT, Cursor, HistoryTrimmed, Message
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "HISTORY_TRIMMED_EVENT",
-    "Cursor",
     "FirmChannel",
-    "HistoryTrimmed",
-    "Listening",
-    "Message",
-    "end_streams_on_sigterm",
     "ListenerHealth",
     "PubSub",
     "Settings",
     "Subscription",
     "channel_hash",
     "message_table",
+    "HISTORY_TRIMMED_EVENT",
+    "Cursor",
+    "HistoryTrimmed",
+    "Message",
+    "end_streams_on_sigterm",
     "__version__",
 ]

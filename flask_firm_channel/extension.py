@@ -404,9 +404,7 @@ class Listening(Iterator[Message]):
                 item = consumer.get(timeout=wait)
             except QueueOverflow:
                 # Lossless catch-up: the table is the buffer, not this process's memory.
-                resume: int | str | None = self._last_cursor
-                if resume is None:
-                    resume = self._after if self._after is not None else consumer.resume_point
+                resume = self._last_cursor if self._last_cursor is not None else self._after
                 log.info("firm-channel listen() fell behind; resuming from %s", resume)
                 consumer.close()
                 self._after = resume

@@ -23,6 +23,7 @@ from flask import Response
 from .engine.fanout import (
     Consumer,
     ConsumerClosed,
+    Cursor,
     FanoutClosed,
     HistoryTrimmed,
     Message,
@@ -30,6 +31,23 @@ from .engine.fanout import (
 )
 
 log = logging.getLogger("flask_firm_channel")
+
+__all__ = [
+    "HISTORY_TRIMMED_EVENT",
+    "Body",
+    "Cursor",
+    "HistoryTrimmed",
+    "Message",
+    "PayloadFormatter",
+    "comment",
+    "event_name",
+    "events",
+    "frame",
+    "render",
+    "response",
+    "text_payload",
+    "unavailable",
+]
 
 #: The event sent first on a resumed stream when rows after its cursor may have been trimmed
 #: already; its data is JSON ``{"after": <cursor>, "oldest_id": <int or null>}``.

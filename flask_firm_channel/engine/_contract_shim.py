@@ -306,6 +306,8 @@ def subscribe_messages(
         _ensure_thread(shim)
     else:
         shim.add(sub)
+    if pubsub.closed:
+        shim.close()
     return sub
 
 

@@ -3,11 +3,12 @@ a socketio manager.
 
 Each consumer is one engine subscription (with its own resume cursor) whose callback, run in
 the listener thread, only appends to the consumer's queue and returns. A consumer that falls
-more than its queue size behind is *dropped*: its queue is emptied at once and its reader is
-told so, so a slow client can never make the process grow. The reader then ends (a browser
-reconnects with the cursor of the last event it got and is replayed what it missed) or
-resubscribes from its cursor itself. When the PubSub closes, or the process is shutting down,
-every reader wakes and ends.
+more than its queue size behind is *dropped*: nothing more is added to its queue, its reader
+takes what is already in it and is then told so, so a slow client can never make the process
+grow. The reader then ends (a browser reconnects with the cursor of the last event it got and
+is replayed what it missed) or resubscribes from its cursor itself; either way each round
+moves it at least a queue's worth forward, even through a replay longer than the queue.
+When the PubSub closes, or the process is shutting down, every reader wakes and ends.
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ class Consumer:
         self._cond = threading.Condition(threading.Lock())
         self._ended: type[ConsumerClosed] | None = None
         self._subscription: Any = None
-        self._first_id: int | None = None
 
     # -- the listener's side: never blocks ------------------------------------------------
 
@@ -83,10 +83,7 @@ class Consumer:
         with self._cond:
             if self._ended is not None:
                 return
-            if self._first_id is None and isinstance(item, Message):
-                self._first_id = item.id
             if len(self._items) >= self.maxsize:
-                self._items.clear()
                 self._ended = QueueOverflow
                 self._fanout._overflowed()
             else:
@@ -106,8 +103,9 @@ class Consumer:
 
     def get(self, timeout: float | None = None) -> Item | None:
         """The next message (or :class:`HistoryTrimmed` notice); ``None`` once ``timeout``
-        seconds passed without one. Raises :class:`QueueOverflow` when this consumer was
-        dropped for falling behind, :class:`FanoutClosed` when the process is closing."""
+        seconds passed without one. Raises :class:`QueueOverflow` once a consumer dropped
+        for falling behind has taken what its queue held (resume from :attr:`cursor`), and
+        :class:`FanoutClosed` when the process is closing."""
         with self._cond:
             if not self._items and self._ended is None:
                 self._cond.wait(timeout)
@@ -119,14 +117,6 @@ class Consumer:
         if ended is not None:
             raise ended()
         return None
-
-    @property
-    def resume_point(self) -> str | None:
-        """Where a replacement subscription resumes losslessly: after the last item taken,
-        or, before any was taken, just below the first message this consumer was offered."""
-        if self.cursor is not None:
-            return self.cursor
-        return None if self._first_id is None else str(self._first_id - 1)
 
     @property
     def pending(self) -> int:
