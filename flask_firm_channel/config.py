@@ -25,7 +25,15 @@ DEFAULTS: dict[str, Any] = {
     "FIRM_CHANNEL_SSE_RETRY": 3.0,
     "FIRM_CHANNEL_SSE_QUEUE_SIZE": 256,
     "FIRM_CHANNEL_SSE_MAX_STREAMS": 1000,
+    "FIRM_CHANNEL_ADMIN": False,
+    "FIRM_CHANNEL_ADMIN_PREFIX": "/_channels",
+    #: ``None``: every 5 s while the admin console is on, none otherwise.
+    "FIRM_CHANNEL_HEARTBEAT_INTERVAL": None,
 }
+
+#: Heartbeat interval used when ``FIRM_CHANNEL_HEARTBEAT_INTERVAL`` is ``None`` and the admin
+#: console is on.
+DEFAULT_HEARTBEAT_INTERVAL = 5.0
 
 _SETTING_FOR_KEY = {
     "FIRM_CHANNEL_POLLING_INTERVAL": "polling_interval",
@@ -37,6 +45,7 @@ _SETTING_FOR_KEY = {
     "FIRM_CHANNEL_WAKE_HINTS": "wake_hints",
     "FIRM_CHANNEL_SAFETY_INTERVAL": "safety_interval",
     "FIRM_CHANNEL_SQLITE_WAL": "sqlite_wal",
+    "FIRM_CHANNEL_HEARTBEAT_INTERVAL": "heartbeat_interval",
 }
 
 
@@ -50,6 +59,9 @@ def settings_from_config(config: dict[str, Any]) -> Settings:
     values = {}
     for key, name in _SETTING_FOR_KEY.items():
         values[name] = config[key]
+    if values["heartbeat_interval"] is None:
+        admin = flag(config, "FIRM_CHANNEL_ADMIN")
+        values["heartbeat_interval"] = DEFAULT_HEARTBEAT_INTERVAL if admin else 0.0
     try:
         return Settings(**values)
     except (TypeError, ValueError) as exc:
@@ -109,3 +121,17 @@ def positive_int(config: dict[str, Any], key: str) -> int:
     if value < 1:
         raise ValueError(f"{key} must be at least 1, got {value}")
     return value
+
+
+def admin_prefix(config: dict[str, Any]) -> str:
+    """``FIRM_CHANNEL_ADMIN_PREFIX`` checked: a path starting with ``/``, without a trailing
+    one (``/`` alone is refused: the console would shadow the whole app)."""
+    value = config["FIRM_CHANNEL_ADMIN_PREFIX"]
+    if not isinstance(value, str):
+        raise TypeError(f"FIRM_CHANNEL_ADMIN_PREFIX must be a string, not {type(value).__name__}")
+    prefix = value.rstrip("/")
+    if not value.startswith("/") or not prefix or any(c in prefix for c in "?#<> \t\n"):
+        raise ValueError(
+            f"FIRM_CHANNEL_ADMIN_PREFIX must be a URL path like '/_channels', got {value!r}"
+        )
+    return prefix

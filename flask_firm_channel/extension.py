@@ -122,6 +122,7 @@ class FirmChannel:
         self.db = db
         self.table_name = table_name
         self.bind_key = bind_key
+        self._admin_authorizer: Callable[[], object] | None = None
         if app is not None:
             self.init_app(app)
 
@@ -164,6 +165,46 @@ class FirmChannel:
         from .cli import firm_channel_cli
 
         app.cli.add_command(firm_channel_cli)
+        if cfg.flag(app.config, "FIRM_CHANNEL_ADMIN"):
+            self._mount_admin(app, cfg.admin_prefix(app.config))
+
+    def _mount_admin(self, app: Flask, prefix: str) -> None:
+        from .admin import register
+
+        register(app, self, prefix)
+        warned = False
+
+        @app.before_request
+        def _warn_if_open() -> None:
+            # Checked at the first request rather than in init_app: the authorizer is often
+            # registered with the decorator after FirmChannel(app).
+            nonlocal warned
+            if warned:
+                return
+            warned = True
+            if self._admin_authorizer is None:
+                log.warning(
+                    "FIRM_CHANNEL_ADMIN is on but no @firm_channel.admin_authorizer is"
+                    " registered: the console at %s answers 403 to everyone%s",
+                    prefix,
+                    " except loopback requests while debug mode is on" if app.debug else "",
+                )
+
+    def admin_authorizer(self, func: Callable[[], object]) -> Callable[[], object]:
+        """Register the function that decides who may use the admin console.
+
+        It is called in the request context of every console request and returns true to
+        allow it (for example ``current_user.is_admin``). Without one, only debug mode from a
+        loopback address gets in. Use as a decorator::
+
+            @firm_channel.admin_authorizer
+            def can_see_channels():
+                return current_user.is_authenticated and current_user.is_admin
+        """
+        if not callable(func):
+            raise TypeError(f"admin_authorizer needs a callable, not {type(func).__name__}")
+        self._admin_authorizer = func
+        return func
 
     # -- per-app access -------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    text,
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
@@ -45,6 +46,10 @@ class Dialect:
     wake_kind = "adaptive"
     #: Commit order equals id order (no out-of-order commits can occur).
     serial_commits = False
+    #: An index on ``channel_hash`` keeps equal hashes in id order (SQLite's rowid, InnoDB's
+    #: primary key suffix), so "a channel's newest rows" is a short backward index read.
+    #: PostgreSQL keeps them in physical order instead.
+    hash_index_follows_id = False
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -114,6 +119,14 @@ class Dialect:
     def memory_database(self) -> bool:
         return False
 
+    def estimated_rows(self, conn: Connection, table: Table) -> int | None:
+        """The database's own estimate of the table's row count (no scan), if it keeps one."""
+        return None
+
+    def table_size(self, conn: Connection, table: Table) -> tuple[int | None, str]:
+        """``(bytes, what was measured)`` from the database's catalogue, without a scan."""
+        return None, "unknown"
+
     def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
         """The database rolled the transaction back as a deadlock or serialization failure
         (SQLSTATE class 40): nothing was written, so it may simply be tried again."""
@@ -126,6 +139,7 @@ class SQLiteDialect(Dialect):
     wake_kind = "data_version"
     # SQLite has one writer at a time and the id is taken inside its write transaction.
     serial_commits = True
+    hash_index_follows_id = True
 
     def configure_engine(self, *, sqlite_wal: bool) -> None:
         if not sqlite_wal or self.memory_database():
@@ -155,6 +169,14 @@ class SQLiteDialect(Dialect):
     def memory_database(self) -> bool:
         database = self.engine.url.database or ""
         return database in ("", ":memory:") or "mode=memory" in str(self.engine.url)
+
+    def table_size(self, conn: Connection, table: Table) -> tuple[int | None, str]:
+        # The dbstat table would give the table alone, but by reading every page of it.
+        pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+        size = conn.exec_driver_sql("PRAGMA page_size").scalar()
+        if pages is None or size is None:
+            return None, "unknown"
+        return int(pages) * int(size), "database file"
 
 
 class PostgreSQLDialect(Dialect):
@@ -199,10 +221,30 @@ class PostgreSQLDialect(Dialect):
     def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
 
+    def _qualified(self, table: Table) -> str:
+        return str(self.engine.dialect.identifier_preparer.format_table(table))
+
+    def estimated_rows(self, conn: Connection, table: Table) -> int | None:
+        value = conn.execute(
+            text("SELECT reltuples FROM pg_class WHERE oid = to_regclass(:name)"),
+            {"name": self._qualified(table)},
+        ).scalar()
+        # -1: never vacuumed or analysed yet.
+        return None if value is None or value < 0 else int(value)
+
+    def table_size(self, conn: Connection, table: Table) -> tuple[int | None, str]:
+        value = conn.execute(
+            text("SELECT pg_total_relation_size(to_regclass(:name))"),
+            {"name": self._qualified(table)},
+        ).scalar()
+        return (None if value is None else int(value)), "table and indexes"
+
 
 class MySQLDialect(Dialect):
     name = "mysql"
     wake_kind = "adaptive"
+    # InnoDB secondary indexes end with the primary key.
+    hash_index_follows_id = True
 
     def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
         if self.supports_skip_locked():
@@ -214,6 +256,26 @@ class MySQLDialect(Dialect):
         # deadlocks between concurrent trimmers even with SKIP LOCKED.
         args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
         return bool(args) and args[0] in (_ER_LOCK_DEADLOCK, _ER_LOCK_WAIT_TIMEOUT)
+
+    def _catalogue(self, conn: Connection, table: Table) -> Any:
+        # Kept by the server (InnoDB's estimate, refreshed by its statistics), not counted.
+        return conn.execute(
+            text(
+                "SELECT TABLE_ROWS, DATA_LENGTH + INDEX_LENGTH FROM information_schema.TABLES"
+                " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name"
+            ),
+            {"name": table.name},
+        ).first()
+
+    def estimated_rows(self, conn: Connection, table: Table) -> int | None:
+        row = self._catalogue(conn, table)
+        return None if row is None or row[0] is None else int(row[0])
+
+    def table_size(self, conn: Connection, table: Table) -> tuple[int | None, str]:
+        row = self._catalogue(conn, table)
+        if row is None or row[1] is None:
+            return None, "unknown"
+        return int(row[1]), "table and indexes"
 
     def supports_skip_locked(self) -> bool:
         version = self.engine.dialect.server_version_info or (0,)

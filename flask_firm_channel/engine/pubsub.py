@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .connections import keep_inherited
 from .dialects import dialect_for
 from .health import ListenerHealth
+from .heartbeat import Heartbeat
 from .listener import Listener
 from .publish import Publisher
 from .settings import Duration, Settings
@@ -55,7 +56,8 @@ class PubSub:
         self._listener: Listener | None = None
         self._trimmer = Trimmer(self.dialect, table, self.settings)
         self._closed = False
-        self._held: list[Listener | Trimmer] = []
+        self._held: list[Listener | Trimmer | Heartbeat] = []
+        self._heartbeat = self._new_heartbeat()
         _instances.add(self)
 
     # -- publishing -----------------------------------------------------------------------
@@ -170,6 +172,22 @@ class PubSub:
                 listener.resume_from(resume)
             listener.start()
             self._listener = listener
+            if self.settings.heartbeat_interval > 0:
+                self._heartbeat.start()
+
+    def _new_heartbeat(self) -> Heartbeat:
+        s = self.settings
+        return Heartbeat(
+            s.heartbeat_interval,
+            self._publisher.publish,
+            self.health,
+            lambda: list(self._registry.snapshot().by_channel),
+            settings={
+                "polling_interval": s.polling_interval,
+                "safety_interval": s.safety_interval,
+                "commit_grace": s.commit_grace,
+            },
+        )
 
     @property
     def listening(self) -> bool:
@@ -211,6 +229,7 @@ class PubSub:
             listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+        self._heartbeat.close()
         self._trimmer.close()
         self._publisher.close()
         self._registry.clear()
@@ -224,7 +243,7 @@ class PubSub:
     def _before_fork(self) -> None:
         """Let the threads finish their current database call and hold them outside the
         driver while the process forks."""
-        self._held = [t for t in (self._listener, self._trimmer) if t is not None]
+        self._held = [t for t in (self._listener, self._trimmer, self._heartbeat) if t is not None]
         for thread in self._held:
             thread.hold_for_fork()
 
@@ -244,6 +263,7 @@ class PubSub:
         keep_inherited(previous, self._trimmer)
         self._trimmer = Trimmer(self.dialect, self.table, self.settings)
         self._publisher.after_fork()
+        self._heartbeat = self._new_heartbeat()
         # The pool's connections belong to the parent: replace the pool without closing them.
         keep_inherited(self.engine.pool)
         self.engine.dispose(close=False)

@@ -69,6 +69,9 @@ class Settings:
     #: On SQLite: switch the database to WAL and ``synchronous=NORMAL`` (readers never block
     #: the writer; commits stay durable across application crashes).
     sqlite_wal: bool = True
+    #: Seconds between the heartbeats a listening process stores for the admin console's
+    #: process list (``heartbeat.py``); 0 sends none.
+    heartbeat_interval: float = 0.0
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -80,6 +83,11 @@ class Settings:
             to_seconds(self.message_retention, "message_retention", allow_zero=True),
         )
         set_(self, "safety_interval", to_seconds(self.safety_interval, "safety_interval"))
+        set_(
+            self,
+            "heartbeat_interval",
+            to_seconds(self.heartbeat_interval, "heartbeat_interval", allow_zero=True),
+        )
         _positive_int(self.trim_batch_size, "trim_batch_size")
         _positive_int(self.max_payload_size, "max_payload_size")
         for name in ("auto_trim", "wake_hints", "sqlite_wal"):

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Table, func, select
+
+from .dialects import Dialect
+from .internal import INTERNAL_END, INTERNAL_PREFIX, is_internal
+from .table import channel_hash
 
 
 @dataclass(frozen=True)
@@ -64,3 +69,375 @@ def channel_stats(conn: Connection, table: Table, limit: int = 50) -> list[Chann
         .limit(limit)
     )
     return [ChannelStats(bytes(ch), int(n), int(size or 0), last) for ch, n, size, last in rows]
+
+
+# -- bounded reads for the admin console ----------------------------------------------------
+#
+# Every function below reads a number of rows bounded by its arguments, never by the size of
+# the table: counts stop at a cap ("10,000+"), activity comes from the newest rows only, and
+# channels are enumerated one index probe each. The admin console's pages are built from
+# these alone (``tests/test_admin_bounds.py`` counts the rows the database reads).
+
+#: Counts stop here and show as "10,000+".
+COUNT_CAP = 10_000
+#: The newest rows looked at for last activity and recent rates.
+SAMPLE_SIZE = 10_000
+#: Recent rate: messages per minute over the last this many seconds.
+RATE_WINDOW = 60.0
+#: Newest-first reads where the channel index is not in id order (PostgreSQL) look at id
+#: windows of this size, at most ``MAX_WINDOWS`` of them per page.
+ID_WINDOW = 10_000
+MAX_WINDOWS = 10
+#: Bytes of each payload fetched for a list of messages.
+PREVIEW_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """A count that stopped at ``cap``: ``capped`` means "at least ``value``"."""
+
+    value: int
+    capped: bool
+
+    def __str__(self) -> str:
+        return f"{self.value:,}+" if self.capped else f"{self.value:,}"
+
+
+def capped_count(conn: Connection, table: Table, *where: Any, cap: int = COUNT_CAP) -> Bounded:
+    """``count(*)`` of the rows matching ``where``, reading at most ``cap + 1`` of them."""
+    inner = select(table.c.id).where(*where).limit(cap + 1).subquery()
+    n = int(conn.execute(select(func.count()).select_from(inner)).scalar() or 0)
+    return Bounded(min(n, cap), n > cap)
+
+
+@dataclass(frozen=True)
+class Overview:
+    messages: Bounded
+    #: The database's estimate when the count was capped (or the id span on SQLite, an upper
+    #: bound), else ``None``.
+    estimate: int | None
+    estimate_kind: str
+    size_bytes: int | None
+    size_kind: str
+    oldest: datetime | None
+    newest: datetime | None
+    newest_channel: bytes | None
+    min_id: int | None
+    max_id: int | None
+    trimmable: Bounded
+    cutoff: datetime
+
+
+def overview(conn: Connection, table: Table, dialect: Dialect, cutoff: datetime) -> Overview:
+    t = table
+    messages = capped_count(conn, t)
+    oldest = conn.execute(select(t.c.id, t.c.created_at).order_by(t.c.id).limit(1)).first()
+    # The newest message on a user channel, among the newest few rows (heartbeats are rows too).
+    newest_rows = conn.execute(
+        select(t.c.id, t.c.channel, t.c.created_at).order_by(t.c.id.desc()).limit(50)
+    ).all()
+    max_id = int(newest_rows[0].id) if newest_rows else None
+    newest = next((r for r in newest_rows if not is_internal(bytes(r.channel))), None)
+    estimate, kind = None, ""
+    if messages.capped:
+        estimate, kind = dialect.estimated_rows(conn, t), "estimate"
+        if estimate is None and oldest is not None and max_id is not None:
+            estimate, kind = max_id - int(oldest.id) + 1, "at most"
+    size, size_kind = dialect.table_size(conn, t)
+    return Overview(
+        messages=messages,
+        estimate=estimate,
+        estimate_kind=kind,
+        size_bytes=size,
+        size_kind=size_kind,
+        oldest=oldest.created_at if oldest else None,
+        newest=newest.created_at if newest else None,
+        newest_channel=bytes(newest.channel) if newest else None,
+        min_id=int(oldest.id) if oldest else None,
+        max_id=max_id,
+        trimmable=capped_count(conn, t, t.c.created_at < cutoff),
+        cutoff=cutoff,
+    )
+
+
+@dataclass(frozen=True)
+class Activity:
+    """One channel's share of the newest rows."""
+
+    channel: bytes
+    sampled: int
+    last: datetime
+    last_id: int
+    #: Messages per minute over the recent window.
+    rate: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    rows: int
+    #: ``created_at`` of the oldest row looked at.
+    since: datetime | None
+    #: Fewer rows than asked for: the sample is the whole table.
+    complete: bool
+    #: The window the rates are over, in seconds.
+    rate_window: float
+    channels: dict[bytes, Activity]
+
+
+def recent_activity(
+    conn: Connection, table: Table, now: datetime, size: int = SAMPLE_SIZE
+) -> Sample:
+    """Last activity and recent rate of every channel seen in the newest ``size`` rows."""
+    t = table
+    rows = conn.execute(
+        select(t.c.id, t.c.channel, t.c.created_at).order_by(t.c.id.desc()).limit(size)
+    ).all()
+    since = min((r.created_at for r in rows), default=None)
+    complete = len(rows) < size
+    window = RATE_WINDOW
+    if not complete and since is not None:
+        window = max(1.0, min(RATE_WINDOW, (now - since).total_seconds()))
+    recent_from = now - timedelta(seconds=window)
+    counts: dict[bytes, list[Any]] = {}
+    for r in rows:
+        channel = bytes(r.channel)
+        if is_internal(channel):
+            continue
+        entry = counts.get(channel)
+        if entry is None:
+            entry = counts[channel] = [0, r.created_at, int(r.id), 0]
+        entry[0] += 1
+        if r.created_at >= recent_from:
+            entry[3] += 1
+    channels = {
+        ch: Activity(ch, n, last, last_id, recent * 60.0 / window)
+        for ch, (n, last, last_id, recent) in counts.items()
+    }
+    return Sample(len(rows), since, complete, window, channels)
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The first byte string after every one starting with ``prefix`` (None: no end)."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+@dataclass(frozen=True)
+class NamePage:
+    channels: list[bytes]
+    has_before: bool
+    has_after: bool
+
+
+def channel_names(
+    conn: Connection,
+    table: Table,
+    *,
+    prefix: bytes = b"",
+    after: bytes | None = None,
+    before: bytes | None = None,
+    limit: int = 25,
+) -> NamePage:
+    """Distinct user channels in name order, one index probe each (a loose index scan).
+
+    ``after`` / ``before`` page forwards / backwards from a channel name; ``prefix`` keeps
+    the names starting with it. Internal channels are skipped as one range.
+    """
+    t = table
+    end = _prefix_end(prefix) if prefix else None
+    backwards = before is not None and after is None
+    found: list[bytes] = []
+    # (bound, inclusive): the next probe starts there.
+    bound: tuple[bytes, bool] | None
+    if backwards:
+        assert before is not None
+        bound = (before, False)
+    else:
+        bound = (after, False) if after is not None else ((prefix, True) if prefix else None)
+    while len(found) <= limit:
+        if backwards:
+            assert bound is not None
+            key, inclusive = bound
+            query = select(t.c.channel).where(
+                t.c.channel <= key if inclusive else t.c.channel < key
+            )
+            if prefix:
+                query = query.where(t.c.channel >= prefix)
+            query = query.order_by(t.c.channel.desc())
+        else:
+            query = select(t.c.channel)
+            if bound is not None:
+                key, inclusive = bound
+                query = query.where(t.c.channel >= key if inclusive else t.c.channel > key)
+            if end is not None:
+                query = query.where(t.c.channel < end)
+            query = query.order_by(t.c.channel)
+        value = conn.execute(query.limit(1)).scalar()
+        if value is None:
+            break
+        channel = bytes(value)
+        if is_internal(channel):
+            bound = (INTERNAL_PREFIX, False) if backwards else (INTERNAL_END, True)
+            continue
+        found.append(channel)
+        bound = (channel, False)
+    more = len(found) > limit
+    found = found[:limit]
+    if backwards:
+        found.reverse()
+        return NamePage(found, has_before=more, has_after=True)
+    return NamePage(found, has_before=after is not None, has_after=more)
+
+
+@dataclass(frozen=True)
+class ChannelSummary:
+    channel: bytes
+    messages: Bounded
+    #: Payload bytes of the rows counted (a lower bound when the count is capped).
+    payload_bytes: int
+    #: Newest ``created_at``, when known without an unbounded read.
+    last: datetime | None
+    last_id: int | None
+
+
+def channel_summary(
+    conn: Connection,
+    table: Table,
+    dialect: Dialect,
+    channel: bytes,
+    activity: Activity | None = None,
+    cap: int = COUNT_CAP,
+) -> ChannelSummary:
+    t = table
+    mine = (t.c.channel_hash == channel_hash(channel), t.c.channel == channel)
+    inner = (
+        select(t.c.id, t.c.created_at, func.length(t.c.payload).label("size"))
+        .where(*mine)
+        .limit(cap + 1)
+        .subquery()
+    )
+    n, size, last, last_id = conn.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(inner.c.size), 0),
+            func.max(inner.c.created_at),
+            func.max(inner.c.id),
+        ).select_from(inner)
+    ).one()
+    n = int(n or 0)
+    capped = n > cap
+    if capped:
+        last, last_id = None, None
+        if activity is not None:
+            last, last_id = activity.last, activity.last_id
+        elif dialect.hash_index_follows_id:
+            newest = conn.execute(
+                select(t.c.id, t.c.created_at).where(*mine).order_by(t.c.id.desc()).limit(1)
+            ).first()
+            if newest is not None:
+                last, last_id = newest.created_at, int(newest.id)
+    return ChannelSummary(
+        channel,
+        Bounded(min(n, cap), capped),
+        int(size or 0),
+        last,
+        None if last_id is None else int(last_id),
+    )
+
+
+@dataclass(frozen=True)
+class StoredMessage:
+    id: int
+    channel: bytes
+    #: The first ``PREVIEW_BYTES`` (or all, from :func:`message`).
+    payload: bytes
+    size: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class MessagePage:
+    messages: list[StoredMessage]
+    #: Pass as ``before`` for the next (older) page; ``None``: nothing older is left.
+    next_before: int | None
+    #: The page stopped at the window limit rather than at the oldest row.
+    searched_to: int | None
+
+
+def newest_messages(
+    conn: Connection,
+    table: Table,
+    dialect: Dialect,
+    channel: bytes,
+    *,
+    before: int | None = None,
+    limit: int = 25,
+) -> MessagePage:
+    """A channel's messages newest first, ``limit`` per page, below id ``before``.
+
+    Where the channel index is in id order this reads ``limit + 1`` index entries. Elsewhere
+    (PostgreSQL) it looks at id windows of :data:`ID_WINDOW` going back, at most
+    :data:`MAX_WINDOWS` of them, and says where it stopped.
+    """
+    t = table
+    columns = (
+        t.c.id,
+        t.c.channel,
+        func.substr(t.c.payload, 1, PREVIEW_BYTES).label("preview"),
+        func.length(t.c.payload).label("size"),
+        t.c.created_at,
+    )
+    mine = (t.c.channel_hash == channel_hash(channel), t.c.channel == channel)
+    rows: list[Any] = []
+    searched_to = None
+    if dialect.hash_index_follows_id:
+        query = select(*columns).where(*mine)
+        if before is not None:
+            query = query.where(t.c.id < before)
+        rows = list(conn.execute(query.order_by(t.c.id.desc()).limit(limit + 1)))
+    else:
+        low = conn.execute(select(t.c.id).order_by(t.c.id).limit(1)).scalar()
+        high = (
+            (before - 1)
+            if before is not None
+            else conn.execute(select(t.c.id).order_by(t.c.id.desc()).limit(1)).scalar()
+        )
+        windows = 0
+        while low is not None and high is not None and high >= low and len(rows) <= limit:
+            if windows == MAX_WINDOWS:
+                searched_to = high + 1
+                break
+            query = (
+                select(*columns)
+                .where(*mine, t.c.id <= high, t.c.id > high - ID_WINDOW)
+                .order_by(t.c.id.desc())
+                .limit(limit + 1 - len(rows))
+            )
+            rows.extend(conn.execute(query))
+            high -= ID_WINDOW
+            windows += 1
+    messages = [
+        StoredMessage(int(r.id), bytes(r.channel), bytes(r.preview), int(r.size), r.created_at)
+        for r in rows[:limit]
+    ]
+    if len(rows) > limit:
+        next_before = messages[-1].id
+    elif searched_to is not None:
+        next_before = searched_to
+    else:
+        next_before = None
+    return MessagePage(messages, next_before, searched_to)
+
+
+def message(conn: Connection, table: Table, message_id: int) -> StoredMessage | None:
+    """One stored message by id, the whole payload."""
+    t = table
+    row = conn.execute(
+        select(t.c.id, t.c.channel, t.c.payload, t.c.created_at).where(t.c.id == message_id)
+    ).first()
+    if row is None:
+        return None
+    payload = bytes(row.payload)
+    return StoredMessage(int(row.id), bytes(row.channel), payload, len(payload), row.created_at)

@@ -50,15 +50,22 @@ class Trimmer:
         older_than: Duration | None = None,
         batch_size: int | None = None,
         dry_run: bool = False,
+        *,
+        cutoff: datetime | None = None,
+        max_seconds: float | None = None,
     ) -> int:
         """Delete every row older than ``older_than`` (default: the retention), batch by batch.
 
-        Returns how many rows were deleted, or with ``dry_run`` how many would be.
+        Returns how many rows were deleted, or with ``dry_run`` how many would be. ``cutoff``
+        (naive UTC) replaces ``older_than`` with a fixed instant; ``max_seconds`` stops after
+        the batch that ends past that long (the rest is left for a later call).
         """
         size = self._settings.trim_batch_size if batch_size is None else batch_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {size!r}")
-        cutoff = self.cutoff(older_than)
+        if cutoff is None:
+            cutoff = self.cutoff(older_than)
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
         if dry_run:
             with self._dialect.engine.connect() as conn:
                 query = select(func.count()).where(self._table.c.created_at < cutoff)
@@ -67,7 +74,7 @@ class Trimmer:
         while True:
             deleted = self._batch(cutoff, size)
             total += deleted
-            if deleted == 0:
+            if deleted == 0 or (deadline is not None and time.monotonic() >= deadline):
                 return total
 
     def _batch(self, cutoff: datetime, size: int) -> int:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from .internal import INTERNAL_PREFIX
 from .table import MAX_CHANNEL_BYTES
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
 
 def encode_channel(channel: Any) -> bytes:
-    """A channel name as bytes: ``str`` is UTF-8 encoded; empty or over 1024 bytes is an error."""
+    """A channel name as bytes: ``str`` is UTF-8 encoded; empty, over 1024 bytes or in the
+    internal range (see ``internal.py``) is an error."""
     if isinstance(channel, str):
         data = channel.encode("utf-8")
     elif isinstance(channel, _BYTES_LIKE):
@@ -21,6 +23,11 @@ def encode_channel(channel: Any) -> bytes:
         raise ValueError("channel must not be empty")
     if len(data) > MAX_CHANNEL_BYTES:
         raise ValueError(f"channel is {len(data)} bytes; the limit is {MAX_CHANNEL_BYTES}")
+    if data.startswith(INTERNAL_PREFIX):
+        raise ValueError(
+            f"channel names starting with {INTERNAL_PREFIX!r} are reserved for"
+            " flask-firm-channel's own use"
+        )
     return data
 
 
