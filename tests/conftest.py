@@ -192,3 +192,30 @@ def make_app(
 def row_count(engine: sa.Engine, table: sa.Table) -> int:
     with engine.connect() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(table)).scalar() or 0)
+
+
+# -- the admin console: a real browser, shared by the tests of a session ----------------------
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    from .admin_support import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def admin_app(
+    make_app: Callable[..., tuple[Flask, SQLAlchemy, FirmChannel]],
+) -> tuple[Flask, SQLAlchemy, FirmChannel]:
+    """An app with the admin console on and an authorizer that lets every request in."""
+    from .admin_support import ADMIN_CONFIG
+
+    app, db, fc = make_app(**ADMIN_CONFIG)
+    fc.admin_authorizer(lambda: True)
+    return app, db, fc
