@@ -314,6 +314,7 @@ class FirmChannel:
         queue_size: int | None = None,
         format_payload: sse.PayloadFormatter = sse.text_payload,
         headers: dict[str, str] | None = None,
+        event: str | None = None,
     ) -> Response:
         """A Server-Sent Events response for ``channels``: return it from a view.
 
@@ -322,8 +323,10 @@ class FirmChannel:
         that). ``last_event_id`` defaults to the request's ``Last-Event-ID`` header (or its
         ``lastEventId`` query parameter): the retained messages after it are replayed first.
         ``heartbeat``, ``retry`` and ``queue_size`` override the ``FIRM_CHANNEL_SSE_*``
-        settings for this stream. Past ``FIRM_CHANNEL_SSE_MAX_STREAMS`` open streams in this
-        process the answer is ``503`` with ``Retry-After``.
+        settings for this stream; ``event`` names every message's event instead of its
+        channel (so channels that are not UTF-8 can be streamed too). Past
+        ``FIRM_CHANNEL_SSE_MAX_STREAMS`` open streams in this process the answer is ``503``
+        with ``Retry-After``.
 
         The app decides who may read which channel before calling this. The stream holds no
         app context, session or database connection while it is open.
@@ -334,8 +337,11 @@ class FirmChannel:
             raise RuntimeError("FIRM_CHANNEL_LISTENER is False: this app cannot stream")
         if not channels:
             raise ValueError("stream() needs at least one channel")
-        for channel in channels:
-            sse.event_name(_encoded(channel))
+        if event is not None:
+            sse.event_name(event.encode())
+        else:
+            for channel in channels:
+                sse.event_name(_encoded(channel))
         settings = state.sse
         beat = settings.heartbeat if heartbeat is None else to_seconds(heartbeat, "heartbeat")
         retry_ms = settings.retry_ms
@@ -367,7 +373,7 @@ class FirmChannel:
         except FanoutClosed:
             return sse.unavailable(settings.retry_after, "this process is shutting down")
         body = sse.events(
-            consumer, heartbeat=beat, retry_ms=retry_ms, format_payload=format_payload
+            consumer, heartbeat=beat, retry_ms=retry_ms, format_payload=format_payload, event=event
         )
         return sse.response(sse.Body(consumer, body), headers)
 

@@ -106,13 +106,15 @@ def event_name(channel: bytes) -> str:
     return _single_line("event name", name)
 
 
-def render(item: Message | HistoryTrimmed, format_payload: PayloadFormatter) -> bytes:
+def render(
+    item: Message | HistoryTrimmed, format_payload: PayloadFormatter, event: str | None = None
+) -> bytes:
     if isinstance(item, HistoryTrimmed):
         notice = json.dumps({"after": item.after, "oldest_id": item.oldest_id})
         return frame(notice, event=HISTORY_TRIMMED_EVENT, id=item.cursor)
     data = format_payload(item)
     text = data if isinstance(data, str) else bytes(data).decode("utf-8", errors="replace")
-    return frame(text, event=event_name(item.channel), id=item.cursor)
+    return frame(text, event=event or event_name(item.channel), id=item.cursor)
 
 
 def events(
@@ -121,12 +123,14 @@ def events(
     heartbeat: float,
     retry_ms: int,
     format_payload: PayloadFormatter = text_payload,
+    event: str | None = None,
 ) -> Iterator[bytes]:
     """The body of a stream: the ``retry:`` hint at once (so the server sends the headers
     before any message), then events as the consumer gets them, a comment every
     ``heartbeat`` seconds of silence (which is also how a client that left is noticed: the
     write fails). Ends when the consumer is dropped for falling behind (the browser
-    reconnects with its last event id) or the process shuts down. Holds no app context."""
+    reconnects with its last event id) or the process shuts down. Holds no app context.
+    ``event`` names every message's event (default: its channel's name)."""
     try:
         yield f"retry: {retry_ms}\n".encode() + comment("connected")
         next_beat = time.monotonic() + heartbeat
@@ -136,12 +140,12 @@ def events(
                 yield comment("heartbeat")
                 next_beat = time.monotonic() + heartbeat
                 continue
-            chunk = [render(item, format_payload)]
+            chunk = [render(item, format_payload, event)]
             while len(chunk) < _BATCH and consumer.pending:
                 more = consumer.get(timeout=0)
                 if more is None:
                     break
-                chunk.append(render(more, format_payload))
+                chunk.append(render(more, format_payload, event))
             yield b"".join(chunk)
             next_beat = time.monotonic() + heartbeat
     except QueueOverflow:

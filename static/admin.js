@@ -20,3 +20,101 @@
     target.replaceChildren(note);
   });
 })();
+
+// The live tail of a channel page: htmx's SSE extension swaps each message in; this keeps
+// the list bounded, drops a message seen twice, shows the connection's state, and pauses and
+// resumes without loss (a resumed stream starts after the last event id received).
+(function () {
+  "use strict";
+  var MAX_ITEMS = 200;
+
+  function setup() {
+    var tail = document.getElementById("tail");
+    if (!tail || typeof htmx === "undefined") {
+      return;
+    }
+    var list = document.getElementById("tail-list");
+    var status = document.getElementById("tail-status");
+    var toggle = document.getElementById("tail-toggle");
+    var empty = document.getElementById("tail-empty");
+    var received = 0;
+    var lastEventId = null;
+    var paused = false;
+
+    function say(text) {
+      status.textContent = text;
+    }
+
+    function connector() {
+      return document.getElementById("tail-connector");
+    }
+
+    tail.addEventListener("htmx:sseOpen", function () {
+      say(received ? "Live · " + received + " new" : "Live");
+    });
+    tail.addEventListener("htmx:sseError", function () {
+      if (!paused) {
+        say("Connection lost · reconnecting…");
+      }
+    });
+    tail.addEventListener("htmx:sseMessage", function (event) {
+      if (event.detail && event.detail.lastEventId) {
+        lastEventId = event.detail.lastEventId;
+      }
+      var items = list.querySelectorAll("li.message");
+      if (items.length) {
+        var newest = items[0];
+        var twin = list.querySelectorAll(
+          'li.message[data-message-id="' + newest.getAttribute("data-message-id") + '"]');
+        if (twin.length > 1) {
+          newest.remove();
+          return;
+        }
+        newest.classList.add("fresh");
+      }
+      for (var i = MAX_ITEMS; i < items.length; i++) {
+        items[i].remove();
+      }
+      received += 1;
+      empty.hidden = true;
+      say("Live · " + received + " new");
+    });
+
+    toggle.addEventListener("click", function () {
+      if (!paused) {
+        paused = true;
+        var current = connector();
+        if (current) {
+          htmx.remove(current);
+        }
+        toggle.textContent = "Resume";
+        toggle.setAttribute("aria-pressed", "true");
+        say("Paused" + (received ? " · " + received + " received" : ""));
+        return;
+      }
+      paused = false;
+      var after = lastEventId || tail.getAttribute("data-after") || "0";
+      var url = tail.getAttribute("data-stream") + "?lastEventId=" + encodeURIComponent(after);
+      var source = document.createElement("div");
+      source.id = "tail-connector";
+      source.setAttribute("hx-ext", "sse");
+      source.setAttribute("sse-connect", url);
+      var swap = document.createElement("div");
+      swap.setAttribute("sse-swap", "message");
+      swap.setAttribute("hx-target", "#tail-list");
+      swap.setAttribute("hx-swap", "afterbegin");
+      source.appendChild(swap);
+      empty.parentNode.insertBefore(source, empty);
+      htmx.process(source);
+      toggle.textContent = "Pause";
+      toggle.setAttribute("aria-pressed", "false");
+      say("Connecting…");
+    });
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", setup);
+  } else {
+    setup();
+  }
+})();

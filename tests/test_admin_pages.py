@@ -139,7 +139,7 @@ def test_a_long_payload_expands_and_pages_go_back_in_time(
     newest = page.locator(f"#message-{big}")
     newest.locator("summary").click()
     newest.get_by_role("link", name=re.compile("Show the whole payload")).click()
-    expect(page.locator(f"#payload-{big} .body")).to_have_text(re.compile(" end$"))
+    expect(page.locator(f"#message-payload-{big} .body")).to_have_text(re.compile(" end$"))
     page.get_by_role("link", name="Older messages").click()
     expect(page.locator("li.message")).to_have_count(50)
     page.get_by_role("link", name="Older messages").click()

@@ -22,6 +22,7 @@ from ..engine.stats import (
     Sample,
     channel_names,
     channel_summary,
+    newest_id,
     newest_messages,
     overview,
     recent_activity,
@@ -130,7 +131,12 @@ def channel_page(
         conn, where.table, where.dialect, channel, before=before, limit=MESSAGES_PER_PAGE
     )
     summary = channel_summary(conn, where.table, where.dialect, channel)
-    return {"summary": summary, "page": messages, "channel": channel}
+    return {
+        "summary": summary,
+        "page": messages,
+        "channel": channel,
+        "max_id": newest_id(conn, where.table),
+    }
 
 
 def messages_fragment(

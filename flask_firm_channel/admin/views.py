@@ -18,7 +18,8 @@ from flask import Blueprint, Flask, Response, abort, current_app, request, url_f
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from sqlalchemy import Connection
 
-from ..engine.stats import capped_count, message
+from ..engine.fanout import Message
+from ..engine.stats import PREVIEW_BYTES, StoredMessage, capped_count, message
 from ..engine.table import utcnow
 from . import access, csrf, render
 from .data import (
@@ -41,6 +42,8 @@ BLUEPRINT = "firm_channel_admin"
 #: before it reports back (the rest is left for the next press).
 TRIM_BATCH = 1000
 TRIM_SECONDS = 10.0
+#: The SSE event name of the live tail's messages.
+TAIL_EVENT = "message"
 #: Dry-run counts stop here ("100,000+ would be deleted").
 TRIM_COUNT_CAP = 100_000
 
@@ -233,6 +236,23 @@ def create_blueprint(extension: FirmChannel) -> Blueprint:
         with reading() as (conn, w):
             data = messages_fragment(conn, w, name, before=before)
         return page("_messages.html", now=now, **data)
+
+    @bp.get("/channels/<key>/tail")
+    def channel_tail(key: str) -> Response:
+        """The live tail: a stream of the channel whose events carry the HTML of one message
+        each (escaped like every page), swapped in by htmx's SSE extension. Resumes from the
+        ``Last-Event-ID`` the browser sends, or ``lastEventId`` after a pause."""
+        name = _channel(key)
+        message_url = url_for(f"{BLUEPRINT}.message_view", message_id=0)[:-1]
+        item = env.get_template("_tail_item.html")
+
+        def as_html(msg: Message) -> str:
+            stored = StoredMessage(
+                msg.id, msg.channel, msg.payload[:PREVIEW_BYTES], len(msg.payload), msg.created_at
+            )
+            return item.render(m=stored, now=utcnow(), message_url=f"{message_url}{msg.id}")
+
+        return extension.stream(name, event=TAIL_EVENT, format_payload=as_html)
 
     @bp.get("/messages/<int:message_id>")
     def message_view(message_id: int) -> str:

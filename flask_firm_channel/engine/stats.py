@@ -431,6 +431,12 @@ def newest_messages(
     return MessagePage(messages, next_before, searched_to)
 
 
+def newest_id(conn: Connection, table: Table) -> int | None:
+    """The largest id in the table (one index read)."""
+    value = conn.execute(select(table.c.id).order_by(table.c.id.desc()).limit(1)).scalar()
+    return None if value is None else int(value)
+
+
 def message(conn: Connection, table: Table, message_id: int) -> StoredMessage | None:
     """One stored message by id, the whole payload."""
     t = table
