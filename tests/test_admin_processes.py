@@ -108,8 +108,11 @@ def test_both_gunicorn_workers_are_listed_and_a_frozen_one_is_flagged(
         page.set_default_timeout(20_000)
         url = gunicorn["url"]
         states = wait_for(
-            lambda: (s := _states(page, url)) and workers <= {p for p, st in s.items() if st == "ok"}
-            and s,
+            lambda: (
+                (s := _states(page, url))
+                and workers <= {p for p, st in s.items() if st == "ok"}
+                and s
+            ),
             timeout=30,
             interval=0.2,
         )

@@ -10,7 +10,6 @@ from sqlalchemy import Connection, Table, func, select
 
 from .dialects import Dialect
 from .internal import INTERNAL_END, INTERNAL_PREFIX, is_internal
-from .table import channel_hash
 
 
 @dataclass(frozen=True)
@@ -311,7 +310,9 @@ def channel_summary(
     cap: int = COUNT_CAP,
 ) -> ChannelSummary:
     t = table
-    mine = (t.c.channel_hash == channel_hash(channel), t.c.channel == channel)
+    # The exact channel on its own index: adding the hash as well lets MariaDB intersect
+    # both indexes, reading every row of the channel.
+    mine = (t.c.channel == channel,)
     inner = (
         select(t.c.id, t.c.created_at, func.length(t.c.payload).label("size"))
         .where(*mine)
@@ -389,14 +390,22 @@ def newest_messages(
         func.length(t.c.payload).label("size"),
         t.c.created_at,
     )
-    mine = (t.c.channel_hash == channel_hash(channel), t.c.channel == channel)
+    # The exact channel on its own index: adding the hash as well lets MariaDB intersect
+    # both indexes, reading every row of the channel.
+    mine = (t.c.channel == channel,)
     rows: list[Any] = []
     searched_to = None
     if dialect.hash_index_follows_id:
-        query = select(*columns).where(*mine)
+        # Ids first, from the channel index alone; then the rows by primary key. Asked for
+        # the rows at once, MariaDB walks the channel's index from its newest entry down to
+        # ``before``, however far that is.
+        ids = select(t.c.id).where(*mine)
         if before is not None:
-            query = query.where(t.c.id < before)
-        rows = list(conn.execute(query.order_by(t.c.id.desc()).limit(limit + 1)))
+            ids = ids.where(t.c.id < before)
+        found = list(conn.execute(ids.order_by(t.c.id.desc()).limit(limit + 1)).scalars())
+        if found:
+            query = select(*columns).where(t.c.id.in_(found)).order_by(t.c.id.desc())
+            rows = list(conn.execute(query))
     else:
         low = conn.execute(select(t.c.id).order_by(t.c.id).limit(1)).scalar()
         high = (
