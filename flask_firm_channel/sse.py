@@ -112,7 +112,17 @@ def render(
     if isinstance(item, HistoryTrimmed):
         notice = json.dumps({"after": item.after, "oldest_id": item.oldest_id})
         return frame(notice, event=HISTORY_TRIMMED_EVENT, id=item.cursor)
-    data = format_payload(item)
+    try:
+        data = format_payload(item)
+    except Exception:
+        # One bad message must not kill the stream (its browser would reconnect into the
+        # same message forever): log it and send the payload as text.
+        log.exception(
+            "firm-channel: format_payload failed on message %d of %r; sent as text",
+            item.id,
+            item.channel,
+        )
+        data = text_payload(item)
     text = data if isinstance(data, str) else bytes(data).decode("utf-8", errors="replace")
     return frame(text, event=event or event_name(item.channel), id=item.cursor)
 
