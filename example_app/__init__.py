@@ -98,6 +98,10 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     firm_channel.init_app(app)
     if app.config.get("CREATE_TABLES", True):
         create_tables(app)  # a no-op once they exist; safe when several workers race
+    with app.app_context():
+        # Set the engine up now (on SQLite: WAL mode) rather than inside the first post's
+        # transaction, which flushes its row before it broadcasts.
+        firm_channel.pubsub()
     app.cli.add_command(init_db)
 
     def csrf_token() -> str:

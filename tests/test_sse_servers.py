@@ -30,14 +30,6 @@ from .conftest import wait_for
 from .sse_parser import normalize_line_breaks
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 HOSTILE: list[bytes] = [
     b"line one\nevent: injected\nid: 999999\nretry: 1\n\ndata: second event",
     b"\n\nevent: x\ndata: y\n\n",
@@ -256,77 +248,74 @@ def increasing(ids: list[str]) -> bool:
 
 
 @pytest.mark.slow
-def test_browser_and_raw_clients_across_three_gthread_workers(server: Any) -> None:
-    from playwright.sync_api import sync_playwright
-
+def test_browser_and_raw_clients_across_three_gthread_workers(server: Any, browser: Any) -> None:
     srv = server(EXAMPLE_WORKERS=3, EXAMPLE_THREADS=20).start(workers=3)
     raw = srv.client("/rooms/lobby/events", "--connections", "60", "--distinct-workers", "3")
     wait_for(lambda: raw.ready() >= 0, timeout=30)
     assert raw.ready() == 3, f"streams landed on {raw.pids()}"
     assert len(set(raw.pids())) == 3
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.goto(srv.base + "/rooms/lobby")
-            page_worker = int(page.inner_text("#page-worker"))
-            assert page_worker in srv.workers
-            page.wait_for_selector("#status.live", timeout=15000)
-            poster = Poster(srv.base)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(srv.base + "/rooms/lobby")
+        page_worker = int(page.inner_text("#page-worker"))
+        assert page_worker in srv.workers
+        page.wait_for_selector("#status.live", timeout=15000)
+        poster = Poster(srv.base)
 
-            def shown(text: str, timeout: float) -> None:
-                page.wait_for_function(
-                    "t => [...document.querySelectorAll('#messages .text')]"
-                    ".some(e => e.textContent === t)",
-                    arg=text,
-                    timeout=timeout * 1000,
-                )
+        def shown(text: str, timeout: float) -> None:
+            page.wait_for_function(
+                "t => [...document.querySelectorAll('#messages .text')]"
+                ".some(e => e.textContent === t)",
+                arg=text,
+                timeout=timeout * 1000,
+            )
 
-            first = poster.post("hello from the test")
-            shown("hello from the test", 15)
-            stream_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
-            # A post another worker handled appears within a second.
-            for attempt in range(30):
-                sent = poster.post(f"via another worker {attempt}")
-                if sent["posted_by"] != stream_worker:
-                    break
-            assert sent["posted_by"] != stream_worker
-            posted_at = time.monotonic()
-            shown(sent["text"], 1.0)
-            assert time.monotonic() - posted_at < 1.0
+        first = poster.post("hello from the test")
+        shown("hello from the test", 15)
+        stream_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
+        # A post another worker handled appears within a second.
+        for attempt in range(30):
+            sent = poster.post(f"via another worker {attempt}")
+            if sent["posted_by"] != stream_worker:
+                break
+        assert sent["posted_by"] != stream_worker
+        posted_at = time.monotonic()
+        shown(sent["text"], 1.0)
+        assert time.monotonic() - posted_at < 1.0
 
-            # Every raw client on every worker gets everything, in order.
-            extra = [srv.broadcast(json.dumps({"id": -i, "text": f"b{i}"})) for i in range(20)]
-            expected = 1 + (attempt + 1) + len(extra)
+        # Every raw client on every worker gets everything, in order.
+        extra = [srv.broadcast(json.dumps({"id": -i, "text": f"b{i}"})) for i in range(20)]
+        expected = 1 + (attempt + 1) + len(extra)
 
-            def all_raw_have_it() -> bool:
-                return all(len(raw.events(c)) >= expected for c in range(3))
+        def all_raw_have_it() -> bool:
+            return all(len(raw.events(c)) >= expected for c in range(3))
 
-            wait_for(all_raw_have_it, timeout=30)
-            for conn in range(3):
-                events = raw.events(conn)
-                assert len(events) == expected
-                assert increasing([e["id"] for e in events])
-                assert [Cursor.parse(e["id"]).high for e in events][-20:] == extra
-            assert first["posted_by"] in srv.workers
+        wait_for(all_raw_have_it, timeout=30)
+        for conn in range(3):
+            events = raw.events(conn)
+            assert len(events) == expected
+            assert increasing([e["id"] for e in events])
+            assert [Cursor.parse(e["id"]).high for e in events][-20:] == extra
+        assert first["posted_by"] in srv.workers
 
-            # The network drops: the worker holding the page's stream dies. The page
-            # reconnects to another worker and misses nothing posted meanwhile.
-            os.kill(stream_worker, signal.SIGKILL)
-            missed = [poster.post(f"while you were away {i}")["text"] for i in range(3)]
-            for text in missed:
-                shown(text, 20)
-            ids = page.eval_on_selector_all("#messages li", "els => els.map(e => e.dataset.id)")
-            assert len(ids) == len(set(ids)), "a message was shown twice"
-            new_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
-            assert new_worker != stream_worker
-            assert page.evaluate("window.pwned") is None
-            assert errors == []
-        finally:
-            browser.close()
+        # The network drops: the worker holding the page's stream dies. The page
+        # reconnects to another worker and misses nothing posted meanwhile.
+        os.kill(stream_worker, signal.SIGKILL)
+        missed = [poster.post(f"while you were away {i}")["text"] for i in range(3)]
+        for text in missed:
+            shown(text, 20)
+        ids = page.eval_on_selector_all("#messages li", "els => els.map(e => e.dataset.id)")
+        assert len(ids) == len(set(ids)), "a message was shown twice"
+        new_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
+        assert new_worker != stream_worker
+        assert page.evaluate("window.pwned") is None
+        assert errors == []
+    finally:
+        context.close()
 
 
 @pytest.mark.slow
