@@ -11,15 +11,28 @@
 
 from __future__ import annotations
 
-from .engine import ListenerHealth, PubSub, Settings, Subscription, channel_hash, message_table
+from .engine import (
+    Cursor,
+    HistoryTrimmed,
+    ListenerHealth,
+    Message,
+    PubSub,
+    Settings,
+    Subscription,
+    channel_hash,
+    message_table,
+)
 from .extension import FirmChannel
 from .serving import end_streams_on_sigterm
-from .sse import HISTORY_TRIMMED_EVENT, Cursor, HistoryTrimmed, Message
+from .sse import HISTORY_TRIMMED_EVENT
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cursor",
     "FirmChannel",
+    "HistoryTrimmed",
+    "Message",
     "ListenerHealth",
     "PubSub",
     "Settings",

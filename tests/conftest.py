@@ -219,3 +219,56 @@ def admin_app(
     app, db, fc = make_app(**ADMIN_CONFIG)
     fc.admin_authorizer(lambda: True)
     return app, db, fc
+
+
+def trace_statements(engine: sa.Engine, record: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``record(sql)`` for every statement any new DB-API connection of ``engine`` sends,
+    seen at the driver (SQLite's trace callback, the psycopg cursor, PyMySQL's ``query``),
+    below everything flask-firm-channel does. Returns a function that stops tracing new
+    connections."""
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        if hasattr(dbapi_conn, "set_trace_callback"):  # sqlite3
+            dbapi_conn.set_trace_callback(record)
+        elif hasattr(dbapi_conn, "pgconn"):  # psycopg 3
+            make_cursor = dbapi_conn.cursor
+
+            def cursor(*args: Any, **kwargs: Any) -> Any:
+                return _TracedCursor(make_cursor(*args, **kwargs), record)
+
+            dbapi_conn.cursor = cursor
+        elif hasattr(dbapi_conn, "query"):  # PyMySQL
+            query = dbapi_conn.query
+
+            def traced(sql: Any, *a: Any, **k: Any) -> Any:
+                record(sql.decode() if isinstance(sql, bytes) else str(sql))
+                return query(sql, *a, **k)
+
+            dbapi_conn.query = traced
+
+    sa.event.listen(engine, "connect", on_connect)
+    return lambda: sa.event.remove(engine, "connect", on_connect)
+
+
+class _TracedCursor:
+    """A psycopg cursor that reports each statement (psycopg's cursors have slots)."""
+
+    def __init__(self, cursor: Any, record: Callable[[str], None]) -> None:
+        self._cursor = cursor
+        self._record = record
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        self._record(str(query))
+        self._cursor.execute(query, *args, **kwargs)
+        return self
+
+    def executemany(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        self._record(str(query))
+        self._cursor.executemany(query, *args, **kwargs)
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __iter__(self) -> Any:
+        return iter(self._cursor)

@@ -108,7 +108,7 @@ def test_three_indexes(make_app: Callable[..., Any]) -> None:
         indexes = sa.inspect(db.engine).get_indexes(fc.table.name)
     assert sorted(tuple(ix["column_names"]) for ix in indexes) == [
         ("channel",),
-        ("channel_hash",),
+        ("channel_hash", "id"),
         ("created_at",),
     ]
     assert not any(ix["unique"] for ix in indexes)

@@ -15,7 +15,7 @@ from flask_firm_channel import PubSub, Settings, channel_hash
 from flask_firm_channel.engine.dialects import notify_channel_name
 from flask_firm_channel.engine.table import utcnow
 
-from .conftest import wait_for
+from .conftest import trace_statements, wait_for
 
 EXPECTED_MODE = {"sqlite": "data_version", "postgresql": "notify", "mysql": "adaptive"}
 #: Longer than any test: delivery within a test then cannot come from the safety poll.
@@ -35,16 +35,18 @@ def publisher(db_url: str, table: sa.Table) -> Iterator[PubSub]:
 
 @pytest.fixture
 def table_statements(engine: sa.Engine, table: sa.Table) -> Iterator[list[float]]:
-    """Monotonic times of every statement the engine runs that names the test table."""
+    """Monotonic times of every statement naming the test table that the engine's
+    connections send, seen at the driver."""
     seen: list[float] = []
 
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if table.name in statement:
+    def record(sql: str) -> None:
+        if table.name in sql and "LISTEN" not in sql:
             seen.append(time.monotonic())
 
-    sa.event.listen(engine, "before_cursor_execute", count)
+    engine.dispose()  # connections made from here on are traced
+    stop = trace_statements(engine, record)
     yield seen
-    sa.event.remove(engine, "before_cursor_execute", count)
+    stop()
 
 
 def wait_healthy(pubsub: PubSub) -> None:
@@ -69,6 +71,7 @@ def test_wake_mode_per_backend_and_cross_connection_wake(
     received: list[bytes] = []
     pubsub.subscribe("wake", received.append)
     wait_healthy(pubsub)
+    wait_for(lambda: pubsub.health().polls >= 1)  # the subscription's own poll is done
     assert pubsub.health().wake_mode == EXPECTED_MODE[backend]
     # With both the safety poll and the polling interval out of reach, only the hint (or on
     # MariaDB the adaptive poll) can bring this in.

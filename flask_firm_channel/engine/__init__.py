@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from .cursor import Cursor
 from .health import ListenerHealth
+from .message import HistoryTrimmed, Message
 from .pubsub import PubSub
 from .settings import Settings
 from .subscriptions import Subscription
@@ -11,7 +13,10 @@ from .table import DEFAULT_TABLE_NAME, MAX_CHANNEL_BYTES, channel_hash, message_
 __all__ = [
     "DEFAULT_TABLE_NAME",
     "MAX_CHANNEL_BYTES",
+    "Cursor",
+    "HistoryTrimmed",
     "ListenerHealth",
+    "Message",
     "PubSub",
     "Settings",
     "Subscription",

@@ -127,6 +127,12 @@ class Dialect:
         """``(bytes, what was measured)`` from the database's catalogue, without a scan."""
         return None, "unknown"
 
+    def prepare_reader(self, conn: Any) -> None:
+        """Make a dedicated driver connection ready for the listener's reads: autocommit, so
+        every SELECT sees what has committed by then and no read transaction stays open."""
+        conn.rollback()
+        conn.autocommit = True
+
     def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
         """The database rolled the transaction back as a deadlock or serialization failure
         (SQLSTATE class 40): nothing was written, so it may simply be tried again."""
@@ -165,6 +171,9 @@ class SQLiteDialect(Dialect):
                 conn.exec_driver_sql("ROLLBACK")
                 raise
             conn.exec_driver_sql("COMMIT")
+
+    def prepare_reader(self, conn: Any) -> None:
+        conn.isolation_level = None
 
     def memory_database(self) -> bool:
         database = self.engine.url.database or ""
@@ -239,6 +248,17 @@ class PostgreSQLDialect(Dialect):
         ).scalar()
         return (None if value is None else int(value)), "table and indexes"
 
+    def prepare_reader(self, conn: Any) -> None:
+        super().prepare_reader(conn)
+        # The listener asks for ids above its high-water mark: nearly nothing, on a table of
+        # any size. Only a plan made for the actual value knows that; a generic plan (which
+        # psycopg's prepared statements get after a few runs) assumes a third of the table.
+        cursor = conn.cursor()
+        try:
+            cursor.execute("SET plan_cache_mode = force_custom_plan")
+        finally:
+            cursor.close()
+
 
 class MySQLDialect(Dialect):
     name = "mysql"
@@ -250,6 +270,10 @@ class MySQLDialect(Dialect):
         if self.supports_skip_locked():
             return stmt.with_for_update(skip_locked=True)
         return stmt.with_for_update()
+
+    def prepare_reader(self, conn: Any) -> None:
+        conn.rollback()
+        conn.autocommit(True)
 
     def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
         # PyMySQL reports the server's error number, not the SQLSTATE. MariaDB reports

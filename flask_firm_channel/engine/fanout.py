@@ -20,12 +20,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any, Union
 
+from .cursor import Cursor
+from .message import HistoryTrimmed, Message
 from .pubsub import PubSub
-
-try:  # the engine's message subscriptions
-    from . import Cursor, HistoryTrimmed, Message  # type: ignore[attr-defined]
-except ImportError:  # TEMPORARY: the stand-in until the engine provides them
-    from ._contract_shim import Cursor, HistoryTrimmed, Message
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -236,9 +233,4 @@ def end_all() -> int:
 def _subscribe_messages(
     pubsub: PubSub, channels: list[str | bytes], callback: Any, **kw: Any
 ) -> Any:
-    method = getattr(pubsub, "subscribe_messages", None)
-    if method is not None:
-        return method(channels, callback, **kw)
-    from ._contract_shim import subscribe_messages  # TEMPORARY
-
-    return subscribe_messages(pubsub, channels, callback, **kw)
+    return pubsub.subscribe_messages(channels, callback, **kw)

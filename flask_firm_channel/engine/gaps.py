@@ -50,6 +50,42 @@ class GapList:
         self._gaps.append(gap)
         return gap
 
+    def add(self, start: int, end: int, revealed_at: float) -> None:
+        """Record ``start..end`` anywhere in the list; ids already in a gap stay as they are."""
+        pieces = [(start, end)]
+        for gap in self._gaps:
+            next_pieces = []
+            for a, b in pieces:
+                if b < gap.start or a > gap.end:
+                    next_pieces.append((a, b))
+                    continue
+                if a < gap.start:
+                    next_pieces.append((a, gap.start - 1))
+                if b > gap.end:
+                    next_pieces.append((gap.end + 1, b))
+            pieces = next_pieces
+        if pieces:
+            self._gaps = sorted(
+                self._gaps + [Gap(a, b, revealed_at) for a, b in pieces], key=lambda g: g.start
+            )
+
+    def drop_through(self, last: int) -> None:
+        """Forget every id up to and including ``last``."""
+        kept = []
+        for gap in self._gaps:
+            if gap.end <= last:
+                continue
+            kept.append(gap if gap.start > last else Gap(last + 1, gap.end, gap.revealed_at))
+        self._gaps = kept
+
+    def within(self, low: int, high: int) -> list[tuple[int, int]]:
+        """The parts of the gaps inside ``low < id <= high``."""
+        return [
+            (max(g.start, low + 1), min(g.end, high))
+            for g in self._gaps
+            if g.end > low and g.start <= high
+        ]
+
     def remove(self, ids: Iterable[int]) -> None:
         """Cut ``ids`` out of the gaps (their rows were seen, or are not ours)."""
         points = sorted(set(ids))

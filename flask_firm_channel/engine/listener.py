@@ -4,36 +4,52 @@ PostgreSQL and MySQL assign ids at INSERT but rows become visible at COMMIT, so 
 appear after id 42. A plain "max id seen" watermark would skip 41 forever. Instead the
 listener keeps a *high-water mark* (the largest id it has read) and a short list of *gaps*:
 id ranges below it that it has not seen yet. Each poll reads only ``id > high_water`` plus the
-gaps, so a delivered message costs about one row read, never the whole commit-grace window.
+gaps, as ranges of the ``(channel_hash, id)`` index, so a delivered message costs about one
+row read, never the commit-grace window and never the table.
 
 A gap closes when its ids turn up (late commits are delivered then), when they turn out to be
 rows of channels this process does not follow, or when the row that revealed it is older than
 ``commit_grace``: everything allocated before it has either committed or broken the one bounded
 assumption of the design. SQLite serialises writers, so there commit order is id order.
+
+A channel followed from a given id on has a *floor*: its rows at or below it concern none of
+its subscriptions, so they are never read, and the high-water mark jumps over ids that concern
+no subscription at all. Subscribing after an hour without subscribers reads nothing of that hour.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import threading
 import time
+from collections import defaultdict
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, Table, and_, bindparam, func, or_, select
+from sqlalchemy import Engine, Table
 
-from .gaps import Gap, GapList
+from .cursor import Cursor
+from .dialects import Dialect
+from .gaps import GapList
 from .health import ListenerHealth
+from .message import HistoryTrimmed, Message
+from .reads import BATCH, Range, Reads, Row
 from .settings import Settings
-from .subscriptions import Snapshot, SubscriptionRegistry
+from .subscriptions import Snapshot, Subscription, SubscriptionRegistry
 from .table import channel_hash
 from .wake import WakeHint
 
 log = logging.getLogger("flask_firm_channel")
 
-#: More open gaps than this are looked up in two steps (ids first) to keep the SQL small.
-MAX_GAP_TERMS = 64
+#: More open gaps than this are read as one span, filtered here, to keep the SQL small.
+MAX_GAP_RANGES = 32
+#: A fresh gap of at most this many ids is settled at once by reading which of its ids are
+#: other channels' rows; a larger one (a quiet channel in a busy table) is left to be probed
+#: through the index until it expires, which costs no rows.
+FOREIGN_READ_LIMIT = 1000
 #: How often an idle listener checks whether the table went backwards (emptied, restored).
 RESET_CHECK_INTERVAL = 1.0
 
@@ -42,10 +58,21 @@ def _epoch(created_at: datetime) -> float:
     return created_at.replace(tzinfo=timezone.utc).timestamp()
 
 
+class _Pending:
+    """A resumed subscription's cursor gaps below its anchor, still awaited."""
+
+    def __init__(self, ranges: Iterable[tuple[int, int]], expires: float) -> None:
+        self.gaps = GapList()
+        for start, end in ranges:
+            self.gaps.add(start, end, expires)
+        self.expires = expires
+
+
 class Listener:
     def __init__(
         self,
         engine: Engine,
+        dialect: Dialect,
         table: Table,
         settings: Settings,
         registry: SubscriptionRegistry,
@@ -56,31 +83,30 @@ class Listener:
         self._settings = settings
         self._registry = registry
         self._hint = hint
+        self._reads = Reads(engine, dialect, table)
         self._wake = threading.Event()
         self._forced = False
         #: Held while the thread is inside the database driver; ``fork`` waits for it, so a
         #: child never inherits a driver (SQLite's mutexes, a half-read socket) mid-call.
+        #: Never held while subscriber callbacks run.
         self._busy = threading.RLock()
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._conn: Connection | None = None
         self._high_water: int | None = None
         self._gaps = GapList()
+        #: channel_hash -> the id at or below which its rows concern no subscription.
+        self._floors: dict[int, int] = {}
+        #: Channel hashes the previous poll followed.
+        self._followed: frozenset[int] = frozenset()
+        #: Resumed subscriptions' cursor gaps below their anchors, by ``id(subscription)``.
+        self._pending: dict[int, tuple[Subscription, _Pending]] = {}
         self._not_before: datetime | None = None
         self._newest_seen: datetime | None = None
         self._last_reset_check = 0.0
-        #: Channel hashes whose rows every earlier read included.
-        self._followed: frozenset[int] = frozenset()
+        self._more = False
+        #: Subscriptions waiting for their catch-up, oldest first.
+        self._starting: list[Subscription] = []
         self._health = ListenerHealth(wake_mode=hint.mode)
-        t = table
-        self._new_rows = (
-            select(t.c.id, t.c.channel, t.c.payload, t.c.created_at)
-            .where(
-                t.c.channel_hash.in_(bindparam("hashes", expanding=True)),
-                t.c.id > bindparam("high_water"),
-            )
-            .order_by(t.c.id)
-        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -100,9 +126,12 @@ class Listener:
         """
         self._high_water = previous._high_water
         self._gaps = previous._gaps.copy()
+        self._floors = dict(previous._floors)
+        self._followed = previous._followed
+        self._pending = dict(previous._pending)
+        self._starting = [s for s in previous._starting if not s.started]
         self._not_before = previous._not_before
         self._newest_seen = previous._newest_seen
-        self._followed = previous._followed
 
     def wake(self) -> None:
         """Poll now (a broadcast in this process, a subscription change)."""
@@ -124,6 +153,7 @@ class Listener:
         # closes the hint itself on its way out.
         if thread is None or not thread.is_alive():
             self._hint.close()
+            self._reads.close()
         self._health.running = False
 
     @property
@@ -166,7 +196,7 @@ class Listener:
             )
         finally:
             with self._busy:
-                self._drop_connection()
+                self._reads.close()
                 self._hint.close()
             self._health.running = False
 
@@ -180,21 +210,23 @@ class Listener:
                 timeout = max(
                     0.0, min(self._hint.next_timeout(), next_safety_poll - time.monotonic())
                 )
-                signalled = self._wake.wait(timeout)
+                signalled = self._wake.wait(0.0 if self._more else timeout)
                 if self._stopping:
                     break
                 self._wake.clear()
                 forced, self._forced = self._forced, False
+                rows = -1
                 with self._busy:
-                    rows = -1
-                    if (
+                    due = (
                         forced
+                        or self._more
                         or (signalled and not self._hint.confirms_wakes)
                         or self._hint.check()
                         or time.monotonic() >= next_safety_poll
-                    ):
-                        rows = self.poll()
-                        self._hint.activity(rows)
+                    )
+                if due:
+                    rows = self.poll()
+                    self._hint.activity(rows)
                 if rows >= 0:
                     pace = (
                         self._settings.safety_interval
@@ -204,204 +236,338 @@ class Listener:
                     next_safety_poll = time.monotonic() + pace
                 backoff = 0.0
             except Exception as exc:
+                self._more = False
                 self._health.errors += 1
                 self._health.last_error = f"{type(exc).__name__}: {exc}"
                 self._health.last_error_at = time.time()
                 backoff = min(max(backoff * 2, 0.05), 5.0)
                 log.exception("firm-channel listener poll failed; retrying in %.2fs", backoff)
                 with self._busy:
-                    self._drop_connection()
+                    self._reads.close()
                 self._wake.wait(backoff)
                 if not self._stopping:
                     self._health.restarts += 1
 
-    def _connection(self) -> Connection:
-        if self._conn is None:
-            # Autocommit: every SELECT sees what has been committed by then, and no read
-            # transaction is left open between polls (which would stall SQLite checkpoints).
-            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        return self._conn
-
-    def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - the connection is already broken
-                pass
-
     # -- one poll -------------------------------------------------------------------------
+
+    def _read(self, ranges: list[Range], limit: int | None = BATCH) -> list[Row]:
+        with self._busy:
+            rows = self._reads.rows(ranges, limit=limit)
+        self._health.rows_read += len(rows)
+        return rows
 
     def poll(self) -> int:
         """Read and dispatch what is new; return the number of rows read."""
+        self._more = False
+        # Drained before the snapshot is taken, so every subscription caught up below is part
+        # of the snapshot this poll reads with.
+        self._starting.extend(self._registry.take_added())
         snap = self._registry.snapshot()
         if not snap.hashes:
             self._followed = frozenset()
+            self._floors.clear()
+            self._pending.clear()
+            self._starting.clear()
             return 0
-        conn = self._connection()
         if self._high_water is None or snap.pending():
-            self._anchor(conn, snap)
+            with self._busy:
+                self._anchor(snap)
         assert self._high_water is not None
-        self._gaps.expire(time.time() - self._settings.commit_grace)
+        now = time.time()
+        self._gaps.expire(now - self._settings.commit_grace)
+        self._follow(snap)
         read = 0
-        added = snap.hash_set - self._followed
-        if added:
-            read += self._catch_up(conn, added)
-        self._followed = snap.hash_set
-        rows = self._read_new(conn, snap)
-        read += len(rows)
+        while self._starting:
+            sub = self._starting[0]
+            if sub.active:
+                read += self._start_subscription(sub)
+            self._starting.pop(0)
+        read += self._read_new()
         self._health.polls += 1
-        self._health.rows_read += len(rows)
-        # Dispatch against the newest subscriptions: one made while the query ran must still
-        # get the rows above its anchor.
-        current = self._registry.snapshot()
-        fresh = [gap for row in rows if (gap := self._accept(row, current)) is not None]
-        if fresh:
-            self._close_foreign_gaps(conn, snap, fresh)
-        if not rows:
-            self._check_for_reset(conn)
+        if read == 0:
+            with self._busy:
+                self._check_for_reset()
         self._health.last_poll_at = time.time()
         return read
 
-    def _catch_up(self, conn: Connection, added: frozenset[int]) -> int:
-        """Channels subscribed since the last poll were not part of earlier reads: fetch
-        their rows between their anchor and the high-water mark once."""
-        assert self._high_water is not None
-        snap = self._registry.snapshot()
-        from_id = min(
-            (
-                s.anchor
-                for ch, subs in snap.by_channel.items()
-                for s in subs
-                if s.anchor is not None and channel_hash(ch) in added
-            ),
-            default=self._high_water,
-        )
-        if from_id >= self._high_water:
-            return 0
-        t = self._table
-        rows: list[Row[Any]] = list(
-            conn.execute(
-                select(t.c.id, t.c.channel, t.c.payload, t.c.created_at)
-                .where(t.c.channel_hash.in_(added), t.c.id > from_id)
-                .where(t.c.id <= self._high_water)
-                .order_by(t.c.id)
-            )
-        )
-        self._health.rows_read += len(rows)
-        for row in rows:
-            self._accept(row, snap)
-        return len(rows)
-
-    def _anchor(self, conn: Connection, snap: Snapshot) -> None:
-        t = self._table
-        max_id = int(conn.execute(select(func.max(t.c.id))).scalar() or 0)
+    def _anchor(self, snap: Snapshot) -> None:
+        max_id = self._reads.max_id() or 0
         for sub in snap.pending():
             # The table could not be read when this subscription was made: anchor it just
             # below the first row created after that moment.
-            first = conn.execute(select(func.min(t.c.id)).where(t.c.created_at >= sub.since))
-            first_id = first.scalar()
-            sub.anchor = max_id if first_id is None else int(first_id) - 1
+            first_id = self._reads.first_id_since(sub.since)
+            sub.anchor = max_id if first_id is None else first_id - 1
         if self._high_water is None:
-            self._followed = snap.hash_set
             # Start below the oldest anchor, so a subscription made before this listener
             # existed (for instance in a gunicorn master before the fork) loses nothing.
-            anchors = [s.anchor for subs in snap.by_channel.values() for s in subs]
-            self._high_water = min([a for a in anchors if a is not None] + [max_id])
+            anchors = [s.anchor for s in snap.subs if s.anchor is not None]
+            self._high_water = min(anchors + [max_id])
+            self._followed = frozenset()
 
-    def _read_new(self, conn: Connection, snap: Snapshot) -> list[Row[Any]]:
-        t = self._table
+    def _follow(self, snap: Snapshot) -> None:
+        """Give channels followed since the last poll their floor, forget the ones no longer
+        followed, and move the high-water mark over ids no subscription can want."""
         assert self._high_water is not None
-        if not self._gaps:
-            # The steady state: one statement built once, only its parameters change.
-            params = {"hashes": snap.hashes, "high_water": self._high_water}
-            return list(conn.execute(self._new_rows, params))
-        wanted = t.c.id > self._high_water
-        if len(self._gaps) <= MAX_GAP_TERMS:
-            wanted = or_(wanted, *(t.c.id.between(g.start, g.end) for g in self._gaps))
-        elif self._gaps:
-            late = self._late_ids(conn, snap)
-            if late:
-                wanted = or_(wanted, t.c.id.in_(late))
-        stmt = (
-            select(t.c.id, t.c.channel, t.c.payload, t.c.created_at)
-            .where(t.c.channel_hash.in_(snap.hashes), wanted)
-            .order_by(t.c.id)
-        )
-        return list(conn.execute(stmt))
+        by_hash: dict[int, int] = {}
+        for sub in snap.subs:
+            if sub.anchor is None:
+                continue
+            for h in sub.hashes:
+                by_hash[h] = min(by_hash.get(h, sub.anchor), sub.anchor)
+        for h in snap.hash_set - self._followed:
+            self._floors[h] = by_hash.get(h, self._high_water)
+        for h in list(self._floors):
+            if h not in snap.hash_set:
+                del self._floors[h]
+        for key, (sub, _) in list(self._pending.items()):
+            if not sub.active:
+                del self._pending[key]
+        self._followed = snap.hash_set
+        lowest = min(self._floors.get(h, -1) for h in snap.hash_set)
+        if lowest > self._high_water:
+            # Nothing between here and ``lowest`` concerns any subscription. It was not read,
+            # so it is a gap for a subscription resuming below it (none probes it otherwise).
+            self._gaps.add(self._high_water + 1, lowest, time.time())
+            self._high_water = lowest
+        for h, floor in list(self._floors.items()):
+            if floor <= self._high_water and (not self._gaps or self._gaps.span[0] > floor):
+                del self._floors[h]
 
-    def _late_ids(self, conn: Connection, snap: Snapshot) -> list[int]:
-        t = self._table
-        span = t.c.id.between(*self._gaps.span)
-        ids = [
-            int(i)
-            for (i,) in conn.execute(select(t.c.id).where(t.c.channel_hash.in_(snap.hashes), span))
-        ]
-        self._health.rows_read += len(ids)
-        return self._gaps.inside(ids)
+    def _wanted(self, hash_: int, msg_id: int) -> bool:
+        return hash_ in self._followed and msg_id > self._floors.get(hash_, -1)
 
-    def _accept(self, row: Row[Any], snap: Snapshot) -> Gap | None:
-        """Record ``row`` as seen and dispatch it; return the gap it revealed, if any."""
-        msg_id = int(row.id)
-        created_at: datetime = row.created_at
+    # -- new subscriptions ----------------------------------------------------------------
+
+    def _start_subscription(self, sub: Subscription) -> int:
+        """Catch ``sub`` up to the high-water mark: the rows of its channels above its anchor
+        that this listener read before ``sub`` existed, or, when it resumes from a cursor,
+        the retained rows after it. Returns the rows read."""
         assert self._high_water is not None
-        gap = None
-        if msg_id > self._high_water:
-            if msg_id > self._high_water + 1:
-                gap = self._gaps.open(self._high_water + 1, msg_id - 1, _epoch(created_at))
-            self._high_water = msg_id
+        if sub.anchor is None:
+            return 0
+        hashes = tuple(sorted(sub.hashes))
+        read = 0
+        if sub.resume is not None:
+            self._check_resume(sub)
+        for h in hashes:
+            if h in self._floors:
+                self._floors[h] = min(self._floors[h], sub.anchor)
+        pending = None
+        if sub.resume is not None and sub.resume.gaps:
+            pending = _Pending(sub.resume.gaps, time.time() + self._settings.commit_grace)
+            self._pending[id(sub)] = (sub, pending)
+        low = sub.anchor
+        while True:
+            ranges = [Range(hashes, low, self._high_water)]
+            if pending is not None and low == sub.anchor:
+                ranges += [Range(hashes, a - 1, b) for a, b in pending.gaps.within(-1, low)]
+            rows = self._read(ranges)
+            read += len(rows)
+            for row in rows:
+                late = bool(self._gaps.inside([row.id]))
+                if late:
+                    self._gaps.remove([row.id])
+                self._deliver(row, only=sub, late=late)
+            if len(rows) < BATCH or not rows:
+                break
+            low = rows[-1].id
+            if low >= self._high_water:
+                break
+        sub.started = True
+        return read
+
+    def _check_resume(self, sub: Subscription) -> None:
+        """Tell a resumed subscription first when the rows right after its cursor are gone."""
+        assert sub.resume is not None and sub.anchor is not None
+        with self._busy:
+            oldest = self._reads.min_id()
+            newest = self._reads.max_id()
+        after = str(sub.resume)
+        if newest is not None and sub.anchor > newest:
+            # A cursor from before the table went backwards (emptied with ids reset, restored):
+            # nothing above it will come for a long time. Start again from what is there.
+            sub.anchor = 0 if oldest is None else oldest - 1
+            sub.resume = Cursor(sub.anchor)
+        elif oldest is None or oldest <= sub.anchor + 1:
+            return
+        self._call(sub, HistoryTrimmed(after=after, oldest_id=oldest, cursor=after))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _ranges(self) -> list[Range]:
+        """What one poll reads: above the high-water mark (or a channel's floor), the open
+        gaps, and resumed subscriptions' awaited ids."""
+        hw = self._high_water
+        assert hw is not None
+        ranges = []
+        by_low: dict[int, list[int]] = defaultdict(list)
+        for h in self._followed:
+            by_low[max(hw, self._floors.get(h, -1))].append(h)
+        for low, hs in sorted(by_low.items()):
+            ranges.append(Range(tuple(sorted(hs)), low))
+        if len(self._gaps) > MAX_GAP_RANGES:
+            start, end = self._gaps.span
+            ranges.append(Range(tuple(sorted(self._followed)), start - 1, end))
         else:
-            self._gaps.remove([msg_id])
+            for gap in self._gaps:
+                by_low = defaultdict(list)
+                for h in self._followed:
+                    low = max(gap.start - 1, self._floors.get(h, -1))
+                    if low < gap.end:
+                        by_low[low].append(h)
+                for low, hs in sorted(by_low.items()):
+                    ranges.append(Range(tuple(sorted(hs)), low, gap.end))
+        for sub, pending in self._pending.values():
+            hashes = tuple(sorted(sub.hashes))
+            ranges.extend(Range(hashes, a - 1, b) for a, b in pending.gaps.within(-1, hw))
+        return ranges
+
+    def _read_new(self) -> int:
+        now = time.time()
+        for key, (_, pending) in list(self._pending.items()):
+            if pending.expires < now or not pending.gaps:
+                del self._pending[key]
+        ranges = self._ranges()
+        open_ended = sum(1 for r in ranges if r.high is None)
+        rows = self._read(ranges)
+        # An open-ended range that hit its limit stopped at its last row: nothing above that
+        # may be taken from any range yet, or the high-water mark would pass unread rows.
+        cut = None
+        last_of: dict[int, int] = {}
+        count_of: dict[int, int] = defaultdict(int)
+        for row in rows:
+            if row.range < open_ended:
+                count_of[row.range] += 1
+                last_of[row.range] = row.id
+        full = [last_of[k] for k, n in count_of.items() if n >= BATCH]
+        if full:
+            cut = min(full)
+            rows = [row for row in rows if row.id <= cut]
+            self._more = True
+        hw = self._high_water
+        assert hw is not None
+        # Other channels' rows inside the gaps this batch opens are looked up before any
+        # dispatch, so a cursor handed out below never lists them as pending.
+        fresh, top = [], hw
+        for row in rows:
+            if row.id > top + 1:
+                fresh.append((top + 1, row.id - 1))
+            top = max(top, row.id)
+        foreign = sorted(self._foreign_ids(fresh)) if fresh else []
+        for row in rows:
+            if row.id > hw:
+                if row.id > hw + 1:
+                    self._gaps.open(hw + 1, row.id - 1, _epoch(row.created_at))
+                    settled = foreign[
+                        bisect.bisect_right(foreign, hw) : bisect.bisect_left(foreign, row.id)
+                    ]
+                    if settled:
+                        self._gaps.remove(settled)
+                hw = self._high_water = row.id
+                self._deliver(row, late=False)
+            elif self._gaps.inside([row.id]):
+                self._gaps.remove([row.id])
+                self._deliver(row, late=True)
+            else:
+                self._deliver(row, late=None)
+        return len(rows)
+
+    def _foreign_ids(self, fresh: list[tuple[int, int]]) -> set[int]:
+        """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a
+        committed row never changes channel. Reading them once keeps the gap list short; a
+        gap too large to read (a quiet channel in a busy table) is probed instead."""
+        spans, budget = [], FOREIGN_READ_LIMIT
+        for start, end in fresh:
+            size = end - start + 1
+            if size <= budget:
+                spans.append((start, end))
+                budget -= size
+        foreign: set[int] = set()
+        for k in range(0, len(spans), MAX_GAP_RANGES):
+            with self._busy:
+                found = self._reads.ids_between(spans[k : k + MAX_GAP_RANGES])
+            self._health.rows_read += len(found)
+            foreign.update(i for i, h in found if not self._wanted(h, i))
+        return foreign
+
+    # -- dispatch -------------------------------------------------------------------------
+
+    def _deliver(self, row: Row, *, late: bool | None, only: Subscription | None = None) -> None:
+        """Hand ``row`` to the subscriptions that should get it.
+
+        ``late`` is True for a row that filled a gap, False for a row above the high-water
+        mark, None for one this listener had already seen (which only a resumed
+        subscription's awaited ids can still want). ``only`` is a subscription being caught
+        up: it gets the row if it is above its anchor; the others get it only if it is late.
+        """
+        created_at = row.created_at
         if self._newest_seen is None or created_at > self._newest_seen:
             self._newest_seen = created_at
-        if self._not_before is None or created_at > self._not_before:
-            self._dispatch(msg_id, bytes(row.channel), bytes(row.payload), created_at, snap)
-        return gap
-
-    def _dispatch(
-        self, msg_id: int, channel: bytes, payload: bytes, created_at: datetime, snap: Snapshot
-    ) -> None:
-        subs = snap.by_channel.get(channel)
+        if self._not_before is not None and created_at <= self._not_before:
+            return
+        subs = self._registry.snapshot().by_channel.get(row.channel)
         if not subs:
-            return  # a channel_hash collision, or a channel unsubscribed since the snapshot
+            return  # a channel_hash collision, or a channel unsubscribed since
+        wanted = late is not None and self._wanted(channel_hash(row.channel), row.id)
+        delivered = False
         for sub in subs:
-            if not sub.active or sub.anchor is None or msg_id <= sub.anchor:
+            if not sub.active or sub.anchor is None:
                 continue
-            try:
-                sub.callback(payload)
-            except Exception:
-                self._health.subscriber_errors += 1
-                log.exception(
-                    "firm-channel subscriber %r failed on channel %r, message %d",
-                    sub.callback,
-                    channel,
-                    msg_id,
-                )
+            if sub is only:
+                by_anchor = row.id > sub.anchor
+            elif not sub.started or (only is not None and not late):
+                continue
+            else:
+                by_anchor = wanted and row.id > sub.anchor
+            if not by_anchor:
+                awaited = self._pending.get(id(sub))
+                if awaited is None or not awaited[1].gaps.inside([row.id]):
+                    continue
+                awaited[1].gaps.remove([row.id])
+            if sub.wants_messages:
+                self._call(sub, self._message(row, sub, caught_up=sub is not only))
+            else:
+                self._call(sub, row.payload, row.id)
             self._health.delivered += 1
-        self._health.lag = time.time() - _epoch(created_at)
+            delivered = True
+        if delivered:
+            self._health.lag = time.time() - _epoch(created_at)
 
-    def _close_foreign_gaps(self, conn: Connection, snap: Snapshot, new: list[Gap]) -> None:
-        """Ids in fresh gaps that belong to channels we do not follow are settled for good:
-        a committed row never changes channel. Reading them once keeps the gap list short."""
-        t = self._table
-        span = or_(*(t.c.id.between(g.start, g.end) for g in new[:MAX_GAP_TERMS]))
-        if len(new) > MAX_GAP_TERMS:
-            span = t.c.id.between(new[0].start, new[-1].end)
-        stmt = select(t.c.id).where(and_(span, t.c.channel_hash.not_in(snap.hashes)))
-        foreign = [int(i) for (i,) in conn.execute(stmt)]
-        self._health.rows_read += len(foreign)
-        self._gaps.remove(foreign)
+    def _message(self, row: Row, sub: Subscription, *, caught_up: bool) -> Message:
+        """``row`` with the cursor ``sub`` resumes from after it: everything up to the
+        high-water mark was delivered except the open gaps (while catching up, only up to
+        ``row``)."""
+        assert self._high_water is not None and sub.anchor is not None
+        high = max(self._high_water, row.id) if caught_up else row.id
+        gaps = self._gaps.within(sub.anchor, high)
+        awaited = self._pending.get(id(sub))
+        if awaited is not None:
+            gaps += awaited[1].gaps.within(-1, high)
+        cursor = str(high) if not gaps else str(Cursor.of(high, gaps))
+        return Message(row.id, row.channel, row.payload, row.created_at, cursor)
+
+    def _call(self, sub: Subscription, value: Any, msg_id: int | None = None) -> None:
+        try:
+            sub.callback(value)
+        except Exception:
+            self._health.subscriber_errors += 1
+            log.exception(
+                "firm-channel subscriber %r failed on channel %r, message %s",
+                sub.callback,
+                sub.channel,
+                msg_id if msg_id is not None else getattr(value, "id", "-"),
+            )
 
     # -- the table going backwards ----------------------------------------------------------
 
-    def _check_for_reset(self, conn: Connection) -> None:
+    def _check_for_reset(self) -> None:
         now = time.monotonic()
         if now - self._last_reset_check < RESET_CHECK_INTERVAL:
             return
         self._last_reset_check = now
-        max_id = conn.execute(select(func.max(self._table.c.id))).scalar()
+        max_id = self._reads.max_id()
         assert self._high_water is not None
-        if max_id is None or int(max_id) >= self._high_water:
+        if max_id is None or max_id >= self._high_water:
             return
         # Ids were reset (TRUNCATE, a restore, a recreated table): new rows will have ids we
         # have already passed. Start again from zero, delivering only rows newer than anything
@@ -415,8 +581,10 @@ class Listener:
         self._health.resets += 1
         self._high_water = 0
         self._gaps.clear()
+        self._floors.clear()
+        self._pending.clear()
+        self._followed = frozenset()
         self._not_before = self._newest_seen
-        for subs in self._registry.snapshot().by_channel.values():
-            for sub in subs:
-                sub.anchor = 0
+        for sub in self._registry.snapshot().subs:
+            sub.anchor = 0
         self.wake()

@@ -13,10 +13,12 @@ from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from .connections import keep_inherited
+from .cursor import Cursor
 from .dialects import dialect_for
 from .health import ListenerHealth
 from .heartbeat import Heartbeat
 from .listener import Listener
+from .message import HistoryTrimmed, Message
 from .publish import Publisher
 from .settings import Duration, Settings
 from .subscriptions import Callback, Subscription, SubscriptionRegistry
@@ -115,17 +117,61 @@ class PubSub:
 
     def subscribe(self, channel: str | bytes, callback: Callback) -> Subscription:
         """Call ``callback(payload)`` for every message broadcast on ``channel`` from now on,
-        in id order, in this process's listener thread."""
+        in this process's listener thread."""
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
         ch = encode_channel(channel)
+        self._check_open()
+        return self._add(Subscription((ch,), callback, anchor=self._current_max_id()))
+
+    def subscribe_messages(
+        self,
+        channels: Iterable[str | bytes],
+        callback: Callable[[Message | HistoryTrimmed], object],
+        *,
+        after: str | int | None = None,
+        on_end: Callable[[], object] | None = None,
+    ) -> Subscription:
+        """Call ``callback(message)`` with a :class:`Message` (id, channel, payload,
+        created_at and a resume ``cursor``) for every message on ``channels``.
+
+        ``after=None`` delivers what is broadcast from now on. ``after`` as a message id or a
+        cursor (a previous ``Message.cursor``) first delivers the retained messages after that
+        position, in id order, then goes live with no gap and no duplicate at the seam; a
+        :class:`HistoryTrimmed` comes first when some of them were already trimmed.
+        ``callback`` runs in the listener thread and must not block. ``on_end()`` is called
+        once when this PubSub closes.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        if isinstance(channels, (str, bytes)):
+            channels = [channels]
+        encoded = tuple(dict.fromkeys(encode_channel(ch) for ch in channels))
+        if not encoded:
+            raise ValueError("subscribe_messages needs at least one channel")
+        resume = None if after is None else Cursor.parse(after)
+        self._check_open()
+        anchor = self._current_max_id() if resume is None else resume.high
+        sub = Subscription(
+            encoded,
+            callback,
+            anchor=anchor,
+            wants_messages=True,
+            resume=resume,
+            on_end=on_end,
+        )
+        return self._add(sub)
+
+    def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this PubSub is closed; subscribe before close()")
-        sub = Subscription(ch, callback, anchor=self._current_max_id())
+
+    def _add(self, sub: Subscription) -> Subscription:
         self._registry.add(sub)
         if self.autostart:
             self.start()
-        elif self._listener is not None:
+        # The listener catches a new subscription up on its next poll: make that now.
+        if self._listener is not None:
             self._listener.wake()
         return sub
 
@@ -166,7 +212,9 @@ class PubSub:
                 return hash_ in self._registry.snapshot().hash_set
 
             hint = make_hint(self.dialect, self.table, self.settings, on_wake, interested)
-            listener = Listener(self.engine, self.table, self.settings, self._registry, hint)
+            listener = Listener(
+                self.engine, self.dialect, self.table, self.settings, self._registry, hint
+            )
             listener_ref.append(listener)
             if resume is not None:
                 listener.resume_from(resume)
@@ -232,7 +280,12 @@ class PubSub:
         self._heartbeat.close()
         self._trimmer.close()
         self._publisher.close()
-        self._registry.clear()
+        for sub in self._registry.clear():
+            if sub.on_end is not None:
+                try:
+                    sub.on_end()
+                except Exception:  # noqa: BLE001 - one consumer must not stop the shutdown
+                    log.exception("firm-channel subscription end handler %r failed", sub.on_end)
 
     @property
     def closed(self) -> bool:

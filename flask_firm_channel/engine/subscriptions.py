@@ -6,7 +6,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
+from .cursor import Cursor
 from .table import channel_hash, utcnow
 
 Callback = Callable[[bytes], object]
@@ -14,16 +16,37 @@ Callback = Callable[[bytes], object]
 
 @dataclass(eq=False)
 class Subscription:
-    """A handle returned by ``subscribe``; :meth:`unsubscribe` stops delivery to it."""
+    """A handle returned by ``subscribe``; :meth:`unsubscribe` stops delivery to it.
 
-    channel: bytes
-    callback: Callback
+    A payload subscription's callback gets the payload bytes; a message subscription's
+    (``wants_messages``) gets a :class:`~.message.Message` with its resume cursor.
+    """
+
+    channels: tuple[bytes, ...]
+    callback: Callable[[Any], object]
     #: Only messages with an id above this are delivered ("from now on"). ``None`` until the
     #: listener has read the table's current maximum id.
     anchor: int | None = None
     #: When the subscription was made (naive UTC, like ``created_at``).
     since: datetime = field(default_factory=utcnow)
+    wants_messages: bool = False
+    #: Resumed from this cursor: its gaps (ids below ``anchor``) are delivered too, if they
+    #: commit, and the listener replays the rows after it before going live.
+    resume: Cursor | None = None
+    on_end: Callable[[], object] | None = None
+    #: Set by the listener once it has caught this subscription up to its read position;
+    #: live rows are dispatched to it from then on.
+    started: bool = False
     _registry: SubscriptionRegistry | None = field(default=None, repr=False)
+    hashes: frozenset[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.hashes = frozenset(channel_hash(ch) for ch in self.channels)
+
+    @property
+    def channel(self) -> bytes:
+        """The (first) channel."""
+        return self.channels[0]
 
     @property
     def active(self) -> bool:
@@ -44,31 +67,44 @@ class Snapshot:
     hashes: tuple[int, ...]
     by_channel: dict[bytes, tuple[Subscription, ...]]
     hash_set: frozenset[int] = frozenset()
+    #: Every subscription once, in the order they were made.
+    subs: tuple[Subscription, ...] = ()
 
     def pending(self) -> list[Subscription]:
-        return [s for subs in self.by_channel.values() for s in subs if s.anchor is None]
+        return [s for s in self.subs if s.anchor is None]
 
 
 class SubscriptionRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_channel: dict[bytes, list[Subscription]] = {}
+        self._subs: dict[int, Subscription] = {}
         self._version = 0
         self._snapshot = Snapshot(0, (), {})
+        #: Added since the listener last looked (see :meth:`take_added`).
+        self._added: list[Subscription] = []
 
     def add(self, subscription: Subscription) -> None:
         with self._lock:
             subscription._registry = self
-            self._by_channel.setdefault(subscription.channel, []).append(subscription)
+            for channel in subscription.channels:
+                self._by_channel.setdefault(channel, []).append(subscription)
+            self._subs[id(subscription)] = subscription
+            self._added.append(subscription)
             self._changed()
 
     def remove(self, subscription: Subscription) -> None:
         with self._lock:
-            subs = self._by_channel.get(subscription.channel, [])
-            if subscription in subs:
-                subs.remove(subscription)
-                if not subs:
-                    del self._by_channel[subscription.channel]
+            removed = False
+            for channel in subscription.channels:
+                subs = self._by_channel.get(channel, [])
+                if subscription in subs:
+                    subs.remove(subscription)
+                    removed = True
+                    if not subs:
+                        del self._by_channel[channel]
+            if removed:
+                del self._subs[id(subscription)]
                 self._changed()
         subscription._registry = None
 
@@ -87,23 +123,33 @@ class SubscriptionRegistry:
             sub.unsubscribe()
         return len(matches)
 
-    def clear(self) -> None:
+    def take_added(self) -> list[Subscription]:
+        """The subscriptions added since the last call, still active, oldest first."""
         with self._lock:
-            subs = [s for group in self._by_channel.values() for s in group]
+            added, self._added = self._added, []
+        return [s for s in added if s.active]
+
+    def clear(self) -> list[Subscription]:
+        """Remove every subscription; return them."""
+        with self._lock:
+            subs = list(self._snapshot.subs)
         for sub in subs:
             sub.unsubscribe()
+        return subs
 
     def snapshot(self) -> Snapshot:
         return self._snapshot
 
     def __len__(self) -> int:
-        return sum(len(s) for s in self._snapshot.by_channel.values())
+        return len(self._subs)
 
     def _changed(self) -> None:
         self._version += 1
         by_channel = {ch: tuple(subs) for ch, subs in self._by_channel.items()}
         hashes = tuple(sorted({channel_hash(ch) for ch in by_channel}))
-        self._snapshot = Snapshot(self._version, hashes, by_channel, frozenset(hashes))
+        self._snapshot = Snapshot(
+            self._version, hashes, by_channel, frozenset(hashes), tuple(self._subs.values())
+        )
 
     def after_fork(self) -> None:
         """A lock held by another thread at fork time would never be released in the child."""

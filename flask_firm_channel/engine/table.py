@@ -57,7 +57,9 @@ def message_table(metadata: MetaData, name: str = DEFAULT_TABLE_NAME) -> Table:
         Column("channel_hash", BigInteger(), nullable=False),
         Column("created_at", _CREATED_AT, nullable=False),
         Index(f"ix_{name}_channel", "channel"),
-        Index(f"ix_{name}_channel_hash", "channel_hash"),
+        # (channel_hash, id): the listener reads "this channel's rows above id N", one range of
+        # this index per channel, whatever the table's size or statistics (see README).
+        Index(f"ix_{name}_channel_hash_id", "channel_hash", "id"),
         Index(f"ix_{name}_created_at", "created_at"),
         sqlite_autoincrement=True,
     )

@@ -1,0 +1,32 @@
+"""What a message consumer receives: the row as delivered, with the position to resume from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+
+@dataclass(frozen=True)
+class Message:
+    """One delivered message. ``channel`` and ``payload`` are the exact stored bytes."""
+
+    id: int
+    channel: bytes
+    payload: bytes
+    #: When it was broadcast (naive UTC).
+    created_at: datetime
+    #: Where to resume right after this message (see :class:`~.cursor.Cursor`): pass it back
+    #: as ``after=`` to get every later message once, including late commits below ``id``.
+    cursor: str
+
+
+@dataclass(frozen=True)
+class HistoryTrimmed:
+    """Delivered first on a subscription resumed from ``after`` when messages after that
+    position may already have been trimmed (or the table was emptied since): the replay that
+    follows starts at ``oldest_id``, not right after the cursor."""
+
+    after: str
+    #: The oldest id still in the table (``None`` if it is empty).
+    oldest_id: int | None
+    cursor: str

@@ -1,0 +1,213 @@
+"""The listener's statements, on one dedicated autocommit driver connection.
+
+Every read is a union of index ranges, ``channel_hash IN (...) AND low < id <= high``, so each
+range is one descent of the ``(channel_hash, id)`` index and returns only the rows asked for,
+whatever the table's size, statistics or plan cache. Statements are compiled once per shape
+(how many hashes and ranges) and run on the driver's cursor without per-poll SQLAlchemy work.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Integer,
+    Table,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    union_all,
+)
+from sqlalchemy.sql import Select
+
+from .compiled import Compiled, result_processors
+from .connections import close_quietly, dedicated_connection
+from .dialects import Dialect
+
+#: Rows one open-ended range returns per poll; a listener that fell behind catches up in
+#: batches of this size instead of one unbounded read.
+BATCH = 1000
+_CACHED_SHAPES = 64
+
+
+@dataclass(frozen=True)
+class Range:
+    """Rows of ``hashes`` with ``low < id`` (and ``id <= high`` unless ``high`` is None)."""
+
+    hashes: tuple[int, ...]
+    low: int
+    high: int | None = None
+
+
+@dataclass(frozen=True)
+class Row:
+    id: int
+    channel: bytes
+    payload: bytes
+    created_at: datetime
+    #: Index of the :class:`Range` that returned it.
+    range: int
+
+
+class Reads:
+    def __init__(self, engine: Engine, dialect: Dialect, table: Table) -> None:
+        self._engine = engine
+        self._dialect = dialect
+        self._table = table
+        self._conn: Any = None
+        self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
+        t = table
+        self._convert = result_processors(
+            engine, [t.c.channel.type, t.c.payload.type, t.c.created_at.type]
+        )
+        self._max_id = Compiled(select(func.max(t.c.id)), engine)
+        self._min_id = Compiled(select(func.min(t.c.id)), engine)
+        # The first row created at or after a moment, by the created_at index.
+        self._first_since = Compiled(
+            select(t.c.id)
+            .where(t.c.created_at >= bindparam("since", type_=t.c.created_at.type))
+            .order_by(t.c.created_at, t.c.id)
+            .limit(1),
+            engine,
+        )
+
+    # -- the connection -------------------------------------------------------------------
+
+    def _cursor(self) -> Any:
+        if self._conn is None:
+            conn = dedicated_connection(self._engine)
+            try:
+                self._dialect.prepare_reader(conn)
+            except BaseException:
+                close_quietly(conn)
+                raise
+            self._conn = conn
+        return self._conn.cursor()
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            close_quietly(conn)
+
+    def _run(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
+        cursor = self._cursor()
+        try:
+            cursor.execute(compiled.sql, compiled.params(values))
+            return list(cursor.fetchall())
+        finally:
+            cursor.close()
+
+    # -- statements -----------------------------------------------------------------------
+
+    def max_id(self) -> int | None:
+        value = self._run(self._max_id, {})[0][0]
+        return None if value is None else int(value)
+
+    def min_id(self) -> int | None:
+        value = self._run(self._min_id, {})[0][0]
+        return None if value is None else int(value)
+
+    def first_id_since(self, since: datetime) -> int | None:
+        rows = self._run(self._first_since, {"since": since})
+        return int(rows[0][0]) if rows else None
+
+    def rows(self, ranges: Sequence[Range], *, limit: int | None = BATCH) -> list[Row]:
+        """The rows of every range, in id order (a row in two ranges comes once, with the
+        first). Open-ended ranges return at most ``limit`` rows each, the lowest ids."""
+        parts = [
+            (k, r) for k, r in enumerate(ranges) if r.hashes and (r.high is None or r.high > r.low)
+        ]
+        if not parts:
+            return []
+        shape = (limit, *((k, len(r.hashes), r.high is None) for k, r in parts))
+        compiled = self._shapes.get(shape)
+        if compiled is None:
+            compiled = self._compile(shape)
+        else:
+            self._shapes.move_to_end(shape)
+        values: dict[str, Any] = {}
+        for k, r in parts:
+            for i, h in enumerate(r.hashes):
+                values[f"h{k}_{i}"] = h
+            values[f"lo{k}"] = r.low
+            if r.high is not None:
+                values[f"hi{k}"] = r.high
+        channel_of, payload_of, created_of = self._convert
+        found: dict[int, Row] = {}
+        for msg_id, channel, payload, created_at, k in self._run(compiled, values):
+            msg_id = int(msg_id)
+            if msg_id in found:
+                continue
+            if channel_of is not None:
+                channel = channel_of(channel)
+            if payload_of is not None:
+                payload = payload_of(payload)
+            if created_of is not None:
+                created_at = created_of(created_at)
+            found[msg_id] = Row(msg_id, bytes(channel), bytes(payload), created_at, int(k))
+        return [found[i] for i in sorted(found)]
+
+    def ids_between(self, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """``(id, channel_hash)`` of every visible row with an id in one of ``spans``."""
+        if not spans:
+            return []
+        t = self._table
+        shape = ("ids", len(spans))
+        compiled = self._shapes.get(shape)
+        if compiled is None:
+            parts = [
+                select(t.c.id, t.c.channel_hash).where(
+                    t.c.id >= bindparam(f"a{k}", type_=BigInteger),
+                    t.c.id <= bindparam(f"b{k}", type_=BigInteger),
+                )
+                for k in range(len(spans))
+            ]
+            stmt = parts[0] if len(parts) == 1 else union_all(*parts)
+            compiled = self._remember(shape, Compiled(stmt, self._engine))
+        values: dict[str, Any] = {}
+        for k, (a, b) in enumerate(spans):
+            values[f"a{k}"], values[f"b{k}"] = a, b
+        return [(int(i), int(h)) for i, h in self._run(compiled, values)]
+
+    # -- compiling ------------------------------------------------------------------------
+
+    def _compile(self, shape: tuple[Any, ...]) -> Compiled:
+        limit, *parts = shape
+        t = self._table
+        selects: list[Select[Any]] = []
+        for k, n_hashes, open_ended in parts:
+            hashes = [bindparam(f"h{k}_{i}", type_=BigInteger) for i in range(n_hashes)]
+            stmt = select(
+                t.c.id,
+                t.c.channel,
+                t.c.payload,
+                t.c.created_at,
+                literal_column(str(k), Integer).label("k"),
+            ).where(
+                t.c.channel_hash.in_(hashes) if n_hashes > 1 else t.c.channel_hash == hashes[0],
+                t.c.id > bindparam(f"lo{k}", type_=BigInteger),
+            )
+            if open_ended:
+                if limit is not None:
+                    # ORDER BY id LIMIT keeps every plan an ordered index range: a sequential
+                    # scan would have to read the whole table before returning a row.
+                    inner = stmt.order_by(t.c.id).limit(limit).subquery(f"r{k}")
+                    stmt = select(*inner.c)
+            else:
+                stmt = stmt.where(t.c.id <= bindparam(f"hi{k}", type_=BigInteger))
+            selects.append(stmt)
+        union = selects[0] if len(selects) == 1 else union_all(*selects)
+        return self._remember(shape, Compiled(union, self._engine))
+
+    def _remember(self, shape: tuple[Any, ...], compiled: Compiled) -> Compiled:
+        self._shapes[shape] = compiled
+        while len(self._shapes) > _CACHED_SHAPES:
+            self._shapes.popitem(last=False)
+        return compiled
