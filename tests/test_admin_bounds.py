@@ -23,7 +23,13 @@ import sqlalchemy as sa
 from flask_firm_channel.admin import data
 from flask_firm_channel.engine.dialects import dialect_for
 from flask_firm_channel.engine.settings import Settings
-from flask_firm_channel.engine.stats import COUNT_CAP, ID_WINDOW, MAX_WINDOWS, SAMPLE_SIZE
+from flask_firm_channel.engine.stats import (
+    BYTES_SAMPLE,
+    COUNT_CAP,
+    ID_WINDOW,
+    MAX_WINDOWS,
+    SAMPLE_SIZE,
+)
 from flask_firm_channel.engine.table import channel_hash, utcnow
 
 pytestmark = pytest.mark.slow
@@ -156,11 +162,11 @@ PAGES: dict[str, Callable[[sa.Connection, data.Where], Any]] = {
 PAGE_SIZE = data.CHANNELS_PER_PAGE
 BOUNDS = {
     "overview": 2 * (COUNT_CAP + 1) + 100,
-    "channels by name": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + 3) + 100,
-    "channels by last activity": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + 3),
-    "channels by rate, searched": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + 3),
-    "busy channel": COUNT_CAP + MAX_WINDOWS * ID_WINDOW + 100,
-    "quiet channel": COUNT_CAP + MAX_WINDOWS * ID_WINDOW + 100,
+    "channels by name": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + BYTES_SAMPLE + 4) + 100,
+    "channels by last activity": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + BYTES_SAMPLE + 4),
+    "channels by rate, searched": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + BYTES_SAMPLE + 4),
+    "busy channel": COUNT_CAP + BYTES_SAMPLE + MAX_WINDOWS * ID_WINDOW + 100,
+    "quiet channel": COUNT_CAP + BYTES_SAMPLE + MAX_WINDOWS * ID_WINDOW + 100,
     "older messages": MAX_WINDOWS * ID_WINDOW + 100,
 }
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, func, select
+from sqlalchemy import Connection, Table, case, func, select
 
 from .dialects import Dialect
 from .internal import INTERNAL_END, INTERNAL_PREFIX, is_internal
@@ -89,6 +89,9 @@ ID_WINDOW = 10_000
 MAX_WINDOWS = 10
 #: Bytes of each payload fetched for a list of messages.
 PREVIEW_BYTES = 1024
+#: Rows of a channel whose payload sizes are summed: exact up to this many messages, an
+#: estimate from their average beyond.
+BYTES_SAMPLE = 100
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,16 @@ class Bounded:
         return f"{self.value:,}+" if self.capped else f"{self.value:,}"
 
 
-def capped_count(conn: Connection, table: Table, *where: Any, cap: int = COUNT_CAP) -> Bounded:
-    """``count(*)`` of the rows matching ``where``, reading at most ``cap + 1`` of them."""
-    inner = select(table.c.id).where(*where).limit(cap + 1).subquery()
+def capped_count(
+    conn: Connection, table: Table, *where: Any, cap: int = COUNT_CAP, column: Any = None
+) -> Bounded:
+    """``count(*)`` of the rows matching ``where``, reading at most ``cap + 1`` of them.
+
+    ``column`` is what the inner query selects: the column of the index the condition uses,
+    so that the count is read from that index alone (PostgreSQL's index-only scans cannot
+    return the id from another index)."""
+    picked = column if column is not None else table.c.id
+    inner = select(picked).where(*where).limit(cap + 1).subquery()
     n = int(conn.execute(select(func.count()).select_from(inner)).scalar() or 0)
     return Bounded(min(n, cap), n > cap)
 
@@ -154,7 +164,7 @@ def overview(conn: Connection, table: Table, dialect: Dialect, cutoff: datetime)
         newest_channel=bytes(newest.channel) if newest else None,
         min_id=int(oldest.id) if oldest else None,
         max_id=max_id,
-        trimmable=capped_count(conn, t, t.c.created_at < cutoff),
+        trimmable=capped_count(conn, t, t.c.created_at < cutoff, column=t.c.created_at),
         cutoff=cutoff,
     )
 
@@ -186,33 +196,47 @@ class Sample:
 def recent_activity(
     conn: Connection, table: Table, now: datetime, size: int = SAMPLE_SIZE
 ) -> Sample:
-    """Last activity and recent rate of every channel seen in the newest ``size`` rows."""
+    """Last activity and recent rate of every channel seen in the newest ``size`` rows.
+
+    The database groups the sample by channel hash (one row per channel comes back, not
+    ``size``), then the names are read by the newest id of each group.
+    """
     t = table
-    rows = conn.execute(
-        select(t.c.id, t.c.channel, t.c.created_at).order_by(t.c.id.desc()).limit(size)
+    recent_from = now - timedelta(seconds=RATE_WINDOW)
+    newest = select(t.c.id, t.c.channel_hash, t.c.created_at).order_by(t.c.id.desc()).limit(size)
+    sample = newest.subquery()
+    groups = conn.execute(
+        select(
+            sample.c.channel_hash,
+            func.count(),
+            func.max(sample.c.id),
+            func.max(sample.c.created_at),
+            func.min(sample.c.created_at),
+            func.sum(case((sample.c.created_at >= recent_from, 1), else_=0)),
+        ).group_by(sample.c.channel_hash)
     ).all()
-    since = min((r.created_at for r in rows), default=None)
-    complete = len(rows) < size
+    rows = sum(int(g[1]) for g in groups)
+    since = min((g[4] for g in groups), default=None)
+    complete = rows < size
     window = RATE_WINDOW
-    if not complete and since is not None:
-        window = max(1.0, min(RATE_WINDOW, (now - since).total_seconds()))
-    recent_from = now - timedelta(seconds=window)
-    counts: dict[bytes, list[Any]] = {}
-    for r in rows:
-        channel = bytes(r.channel)
-        if is_internal(channel):
+    if not complete and since is not None and since > recent_from:
+        # The sample covers less than the window: rates are over the time it does cover.
+        window = max(1.0, (now - since).total_seconds())
+    last_ids = [int(g[2]) for g in groups]
+    names: dict[int, bytes] = {}
+    for start in range(0, len(last_ids), 500):
+        chunk = last_ids[start : start + 500]
+        names.update(conn.execute(select(t.c.id, t.c.channel).where(t.c.id.in_(chunk))).all())
+    channels = {}
+    for _, n, last_id, last, _, recent in groups:
+        channel = bytes(names.get(last_id, b""))
+        if not channel or is_internal(channel):
             continue
-        entry = counts.get(channel)
-        if entry is None:
-            entry = counts[channel] = [0, r.created_at, int(r.id), 0]
-        entry[0] += 1
-        if r.created_at >= recent_from:
-            entry[3] += 1
-    channels = {
-        ch: Activity(ch, n, last, last_id, recent * 60.0 / window)
-        for ch, (n, last, last_id, recent) in counts.items()
-    }
-    return Sample(len(rows), since, complete, window, channels)
+        count_recent = int(n) if window < RATE_WINDOW else int(recent or 0)
+        channels[channel] = Activity(
+            channel, int(n), last, int(last_id), count_recent * 60.0 / window
+        )
+    return Sample(rows, since, complete, window, channels)
 
 
 def _prefix_end(prefix: bytes) -> bytes | None:
@@ -294,8 +318,10 @@ def channel_names(
 class ChannelSummary:
     channel: bytes
     messages: Bounded
-    #: Payload bytes of the rows counted (a lower bound when the count is capped).
+    #: Payload bytes: exact up to :data:`BYTES_SAMPLE` messages, else the average of that
+    #: many times the (capped) count, with ``bytes_estimated`` set.
     payload_bytes: int
+    bytes_estimated: bool
     #: Newest ``created_at``, when known without an unbounded read.
     last: datetime | None
     last_id: int | None
@@ -309,14 +335,17 @@ def channel_summary(
     activity: Activity | None = None,
     cap: int = COUNT_CAP,
 ) -> ChannelSummary:
+    """Count (from the channel index alone, up to ``cap``), payload bytes and last activity
+    of one channel, reading at most ``cap + 1`` index entries and ``BYTES_SAMPLE + 1`` rows."""
     t = table
     # The exact channel on its own index: adding the hash as well lets MariaDB intersect
     # both indexes, reading every row of the channel.
     mine = (t.c.channel == channel,)
+    messages = capped_count(conn, t, *mine, cap=cap, column=t.c.channel)
     inner = (
         select(t.c.id, t.c.created_at, func.length(t.c.payload).label("size"))
         .where(*mine)
-        .limit(cap + 1)
+        .limit(BYTES_SAMPLE + 1)
         .subquery()
     )
     n, size, last, last_id = conn.execute(
@@ -327,9 +356,10 @@ def channel_summary(
             func.max(inner.c.id),
         ).select_from(inner)
     ).one()
-    n = int(n or 0)
-    capped = n > cap
-    if capped:
+    n, size = int(n or 0), int(size or 0)
+    estimated = n > BYTES_SAMPLE
+    if estimated:
+        size = round(size / n * messages.value)
         last, last_id = None, None
         if activity is not None:
             last, last_id = activity.last, activity.last_id
@@ -340,11 +370,7 @@ def channel_summary(
             if newest is not None:
                 last, last_id = newest.created_at, int(newest.id)
     return ChannelSummary(
-        channel,
-        Bounded(min(n, cap), capped),
-        int(size or 0),
-        last,
-        None if last_id is None else int(last_id),
+        channel, messages, size, estimated, last, None if last_id is None else int(last_id)
     )
 
 
