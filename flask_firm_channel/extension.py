@@ -320,8 +320,10 @@ class FirmChannel:
 
         Each message is an event whose ``id:`` is a resume cursor, ``event:`` the channel
         name and ``data:`` the payload as text (``format_payload(message) -> str`` changes
-        that). ``last_event_id`` defaults to the request's ``Last-Event-ID`` header (or its
-        ``lastEventId`` query parameter): the retained messages after it are replayed first.
+        that; it runs once per message in this process, its result shared by the streams
+        that pass the same function). ``last_event_id`` defaults to the request's
+        ``Last-Event-ID`` header (or its ``lastEventId`` query parameter): the retained
+        messages after it are replayed first.
         ``heartbeat``, ``retry`` and ``queue_size`` override the ``FIRM_CHANNEL_SSE_*``
         settings for this stream; ``event`` names every message's event instead of its
         channel (so channels that are not UTF-8 can be streamed too). Past

@@ -59,6 +59,10 @@ PayloadFormatter = Callable[[Message], "str | bytes"]
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 #: Most messages taken from the queue for one write (fewer system calls under load).
 _BATCH = 64
+#: Rendered events shared by the streams of a process: with a thousand streams on a channel,
+#: a message is framed once, not a thousand times.
+_RENDERED: dict[tuple[object, ...], bytes] = {}
+_RENDERED_MAX = 512
 
 
 def text_payload(message: Message) -> str:
@@ -106,6 +110,22 @@ def event_name(channel: bytes) -> str:
     return _single_line("event name", name)
 
 
+def render_shared(
+    item: Message | HistoryTrimmed, format_payload: PayloadFormatter, event: str | None = None
+) -> bytes:
+    """:func:`render`, once per message, cursor, formatter and event name in this process."""
+    if isinstance(item, HistoryTrimmed):
+        return render(item, format_payload, event)
+    key = (item.id, item.cursor, item.channel, item.created_at, format_payload, event)
+    data = _RENDERED.get(key)
+    if data is None:
+        data = render(item, format_payload, event)
+        if len(_RENDERED) >= _RENDERED_MAX:
+            _RENDERED.clear()
+        _RENDERED[key] = data
+    return data
+
+
 def render(
     item: Message | HistoryTrimmed, format_payload: PayloadFormatter, event: str | None = None
 ) -> bytes:
@@ -150,12 +170,12 @@ def events(
                 yield comment("heartbeat")
                 next_beat = time.monotonic() + heartbeat
                 continue
-            chunk = [render(item, format_payload, event)]
+            chunk = [render_shared(item, format_payload, event)]
             while len(chunk) < _BATCH and consumer.pending:
                 more = consumer.get(timeout=0)
                 if more is None:
                     break
-                chunk.append(render(more, format_payload, event))
+                chunk.append(render_shared(more, format_payload, event))
             yield b"".join(chunk)
             next_beat = time.monotonic() + heartbeat
     except QueueOverflow:
