@@ -49,6 +49,7 @@ class Case:
     backend: str
     worker: str  # gthread / gevent
     clients: int
+    rate: float  # messages per second
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Result:
     expected: int
     rss_per_stream_kib: float
     cpu_pct: float
+    listener_cpu_pct: float | None
 
 
 def free_port() -> int:
@@ -79,8 +81,9 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    with open(path) as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
@@ -128,7 +131,7 @@ class Broadcaster:
             self.redis = redis.Redis.from_url("redis://127.0.0.1:6379")
 
     def send(self, seq: int) -> None:
-        body = json.dumps({"seq": seq, "t": time.time()})
+        body = f"{seq} {time.time():.6f}"
         if self.pubsub is not None:
             self.pubsub.broadcast("bench", body)
         else:  # what flask_sse.sse.publish() sends
@@ -142,7 +145,8 @@ class Broadcaster:
             self.engine.dispose()
 
 
-def run_case(case: Case, db_url: str | None, messages: int, rate: float) -> Result:
+def run_case(case: Case, db_url: str | None, messages: int) -> Result:
+    rate = case.rate
     broadcaster = Broadcaster(case, db_url)
     port = free_port()
     env = dict(
@@ -220,6 +224,11 @@ def run_case(case: Case, db_url: str | None, messages: int, rate: float) -> Resu
                 warm = client.stdout.readline().strip() == "warm"
         time.sleep(1.0)
         rss_open = rss_kib(worker)
+        listener = None
+        if case.contender == "flask-firm-channel" and case.worker == "gthread":
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/listener-thread") as resp:
+                listener = json.loads(resp.read())["native_id"]
+        lcpu0 = cpu_seconds(worker, listener) if listener else 0.0
         cpu0, wall0 = cpu_seconds(worker), time.monotonic()
         start = time.monotonic()
         for seq in range(messages):
@@ -230,6 +239,7 @@ def run_case(case: Case, db_url: str | None, messages: int, rate: float) -> Resu
             broadcaster.send(seq)
         line = client.stdout.readline()
         cpu1, wall1 = cpu_seconds(worker), time.monotonic()
+        lcpu1 = cpu_seconds(worker, listener) if listener else 0.0
         results = json.loads(line)
     finally:
         if client is not None and client.poll() is None:
@@ -253,22 +263,25 @@ def run_case(case: Case, db_url: str | None, messages: int, rate: float) -> Resu
         expected=messages * case.clients,
         rss_per_stream_kib=(rss_open - rss_before) / case.clients,
         cpu_pct=100 * (cpu1 - cpu0) / (wall1 - wall0),
+        listener_cpu_pct=100 * (lcpu1 - lcpu0) / (wall1 - wall0) if listener else None,
     )
 
 
 def table(results: list[Result]) -> str:
     lines = [
         "| contender | database | worker | clients | every client received p50 / p99 | "
-        "one delivery p50 | delivered | RSS per open stream | worker CPU while delivering |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "one delivery p50 | delivered | RSS per open stream | worker CPU while delivering | "
+        "of which the listener thread |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         c = r.case
         lossless = "all" if r.delivered == r.expected else f"{r.delivered} of {r.expected}"
+        listener = "-" if r.listener_cpu_pct is None else f"{r.listener_cpu_pct:.1f} %"
         lines.append(
             f"| {c.contender} | {c.backend} | {c.worker} | {c.clients:,} | "
             f"{r.all_p50:.1f} / {r.all_p99:.1f} ms | {r.one_p50:.1f} ms | {lossless} | "
-            f"{r.rss_per_stream_kib:.0f} KiB | {r.cpu_pct:.0f} % |"
+            f"{r.rss_per_stream_kib:.0f} KiB | {r.cpu_pct:.0f} % | {listener} |"
         )
     return "\n".join(lines)
 
@@ -277,7 +290,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer messages (a smoke run)")
     ap.add_argument("--messages", type=int, help="measured messages per case")
-    ap.add_argument("--rate", type=float, default=20.0, help="messages per second")
     ap.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated")
     ap.add_argument(
         "--out",
@@ -293,13 +305,13 @@ def main() -> None:
     cases: list[tuple[Case, str | None]] = []
     for backend in args.backends.split(","):
         url = BACKENDS[backend] or f"sqlite:///{tmp}/bench.db"
-        cases.append((Case("flask-firm-channel", backend, "gthread", 200), url))
-        cases.append((Case("flask-firm-channel", backend, "gevent", 1000), url))
-    cases.append((Case("Flask-SSE 1.0 (Redis)", "Redis", "gevent", 1000), None))
+        cases.append((Case("flask-firm-channel", backend, "gthread", 200, 20.0), url))
+        cases.append((Case("flask-firm-channel", backend, "gevent", 1000, 5.0), url))
+    cases.append((Case("Flask-SSE 1.0 (Redis)", "Redis", "gevent", 1000, 5.0), None))
     results = []
     for case, url in cases:
         print(f"running {case} ...", file=sys.stderr, flush=True)
-        result = run_case(case, url, messages, args.rate)
+        result = run_case(case, url, messages)
         results.append(result)
         print(table([result]).splitlines()[-1], file=sys.stderr, flush=True)
     info = machine_info()
@@ -309,8 +321,9 @@ def main() -> None:
             "",
             f"`python -m bench.sse{' --quick' if args.quick else ''}` on {info['cores']} cores "
             f"({info['cpu']}), Python {info['python']}, {info['date']}, commit "
-            f"{info.get('commit', '?')}. {messages} messages per case at {args.rate:g}/s, each "
-            "broadcast from a separate process; one gunicorn worker serves every stream; one "
+            f"{info.get('commit', '?')}. {messages} messages per case, 20/s to 200 clients and "
+            "5/s to 1,000 (4,000 and 5,000 deliveries a second), each broadcast from a "
+            "separate process; one gunicorn worker serves every stream; one "
             "client process holds them all. Latency includes the broadcaster's INSERT + COMMIT "
             "(flask-firm-channel) or PUBLISH (Flask-SSE).",
             "",
@@ -318,7 +331,9 @@ def main() -> None:
             "",
             "Flask-SSE keeps one Redis subscription (one connection) per stream and has no "
             "resume: a client that reconnects misses what was sent meanwhile. Each "
-            "flask-firm-channel stream is a queue on the worker's one listener.",
+            "flask-firm-channel stream is a queue on the worker's one listener. The listener "
+            "thread's own CPU is read from /proc under gthread; under gevent it is a greenlet "
+            "of the worker's single thread, inside the worker's figure.",
             "",
         ]
     )

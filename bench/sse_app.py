@@ -31,6 +31,14 @@ if kind == "ours":
     def events():  # type: ignore[no-untyped-def]
         return firm_channel.stream("bench")
 
+    @app.get("/listener-thread")
+    def listener_thread():  # type: ignore[no-untyped-def]
+        """The OS thread id of the listener (under gthread), for its CPU time in /proc."""
+        import threading
+
+        ids = [t.native_id for t in threading.enumerate() if t.name == "firm-channel-listener"]
+        return {"native_id": ids[0] if ids else None}
+
     with app.app_context():
         firm_channel.pubsub().start()
 else:

@@ -3,8 +3,9 @@
 ``python -m bench.sse_client URL N EXPECTED DEADLINE`` opens N streams on one epoll loop
 (plain sockets, HTTP/1.1 chunked bodies, the event-stream fields it needs), prints
 ``connected`` once every request is sent, ``warm`` once every stream got a warm-up event
-(``seq`` < 0), then records, for each measured event (``seq`` 0 .. EXPECTED-1), the delay from
-its ``t`` (the broadcaster's clock, same machine) to its arrival. It prints one JSON line of
+(``seq`` < 0), then records, for each measured event (data ``"<seq> <sent at>"``, seq 0 ..
+EXPECTED-1), the delay from its send time (the broadcaster's clock, same machine) to its
+arrival. It prints one JSON line of
 results when every stream has every measured event, or at DEADLINE seconds.
 """
 
@@ -99,15 +100,16 @@ def main() -> None:
 
     def on_event(stream: Stream, data: bytes, now: float) -> None:
         nonlocal warm, complete
-        body = json.loads(data)
-        if body["seq"] < 0:
+        seq_text, _, sent = data.partition(b" ")
+        seq = int(seq_text)
+        if seq < 0:
             if not stream.warm:
                 stream.warm = True
                 warm += 1
                 if warm == n:
                     print("warm", flush=True)
             return
-        latencies.setdefault(body["seq"], []).append(now - body["t"])
+        latencies.setdefault(seq, []).append(now - float(sent))
         stream.seen += 1
         if stream.seen == expected:
             complete += 1
