@@ -493,7 +493,10 @@ class Listening(Iterator[Message]):
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the engine may be gone
+            pass
 
 
 def _encoded(channel: str | bytes) -> bytes:

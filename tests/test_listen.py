@@ -133,6 +133,10 @@ def test_late_commit_held_open_across_a_disconnect(
             tx.commit()
             resumed = drain(fc.listen("seam", after_id=first.cursor, timeout=3.0), 2, 3.0)
             assert [(m.id, m.payload) for m in resumed] == [(held, b"held")]
+            # Its cursor resumes after everything: neither message comes again.
+            again = list(fc.listen("seam", after_id=resumed[0].cursor, timeout=0.5))
+            assert [m.payload for m in again] == []
+            assert resumed[0].cursor == str(first.id)
             # The plain high id would have lost it; the plain late id would replay N+1.
             after_high = list(fc.listen("seam", after_id=first.id, timeout=0.5))
             assert after_high == []
