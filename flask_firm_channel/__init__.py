@@ -40,9 +40,6 @@ __all__ = [
     "channel_hash",
     "message_table",
     "HISTORY_TRIMMED_EVENT",
-    "Cursor",
-    "HistoryTrimmed",
-    "Message",
     "end_streams_on_sigterm",
     "__version__",
 ]

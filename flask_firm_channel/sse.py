@@ -23,7 +23,6 @@ from flask import Response
 from .engine.fanout import (
     Consumer,
     ConsumerClosed,
-    Cursor,
     FanoutClosed,
     HistoryTrimmed,
     Message,
@@ -35,9 +34,6 @@ log = logging.getLogger("flask_firm_channel")
 __all__ = [
     "HISTORY_TRIMMED_EVENT",
     "Body",
-    "Cursor",
-    "HistoryTrimmed",
-    "Message",
     "PayloadFormatter",
     "comment",
     "event_name",

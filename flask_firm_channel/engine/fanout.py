@@ -185,8 +185,8 @@ class Fanout:
             self._open.add(consumer)
             self.opened += 1
         try:
-            consumer._subscription = _subscribe_messages(
-                self.pubsub, list(channels), consumer._offer, after=after, on_end=consumer._end
+            consumer._subscription = self.pubsub.subscribe_messages(
+                list(channels), consumer._offer, after=after, on_end=consumer._end
             )
         except BaseException:
             self._release(consumer)
@@ -228,9 +228,3 @@ def end_all() -> int:
         ended += fanout.count()
         fanout.shutdown()
     return ended
-
-
-def _subscribe_messages(
-    pubsub: PubSub, channels: list[str | bytes], callback: Any, **kw: Any
-) -> Any:
-    return pubsub.subscribe_messages(channels, callback, **kw)

@@ -538,7 +538,9 @@ class Listener:
         high-water mark was delivered except the open gaps (while catching up, only up to
         ``row``)."""
         assert self._high_water is not None and sub.anchor is not None
-        high = max(self._high_water, row.id) if caught_up else row.id
+        # While catching up, a late row from a gap of the resumed cursor (below its high)
+        # must not move the cursor back below what was delivered before the disconnect.
+        high = max(self._high_water, row.id) if caught_up else max(row.id, sub.anchor)
         gaps = self._gaps.within(sub.anchor, high)
         awaited = self._pending.get(id(sub))
         if awaited is not None:
