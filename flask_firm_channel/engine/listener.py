@@ -314,11 +314,17 @@ class Listener:
                 continue
             for h in sub.hashes:
                 by_hash[h] = min(by_hash.get(h, sub.anchor), sub.anchor)
-        for h in snap.hash_set - self._followed:
-            self._floors[h] = by_hash.get(h, self._high_water)
-        for h in list(self._floors):
-            if h not in snap.hash_set:
-                del self._floors[h]
+        hw = self._high_water
+        for h in snap.hash_set:
+            lowest_anchor = by_hash.get(h, hw)
+            if h not in self._followed:
+                self._floors[h] = lowest_anchor
+            elif lowest_anchor > hw:
+                # Its subscriptions all came after the high-water mark (the earlier ones
+                # left): rows in between concern none of them.
+                self._floors[h] = lowest_anchor
+            elif h in self._floors:
+                self._floors[h] = min(self._floors[h], lowest_anchor)
         for key, (sub, _) in list(self._pending.items()):
             if not sub.active:
                 del self._pending[key]
