@@ -214,7 +214,8 @@ class Counter:
                 value = conn.execute(
                     sa.text(
                         "SELECT coalesce(sum(ROWS_READ), 0)"
-                        " FROM information_schema.TABLE_STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t"
+                        " FROM information_schema.TABLE_STATISTICS"
+                        " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :t"
                     ),
                     {"t": self.table.name},
                 ).scalar()
