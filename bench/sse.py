@@ -309,12 +309,14 @@ def main() -> None:
         cases.append((Case("flask-firm-channel", backend, "gevent", 1000, 5.0), url))
     cases.append((Case("Flask-SSE 1.0 (Redis)", "Redis", "gevent", 1000, 5.0), None))
     results = []
+    load_before = os.getloadavg()[0]
     for case, url in cases:
         print(f"running {case} ...", file=sys.stderr, flush=True)
         result = run_case(case, url, messages)
         results.append(result)
         print(table([result]).splitlines()[-1], file=sys.stderr, flush=True)
     info = machine_info()
+    load = f"{load_before:.1f} before the run, {os.getloadavg()[0]:.1f} after"
     text = "\n".join(
         [
             "# Streaming benchmark (SSE)",
@@ -325,7 +327,7 @@ def main() -> None:
             "5/s to 1,000 (4,000 and 5,000 deliveries a second), each broadcast from a "
             "separate process; one gunicorn worker serves every stream; one "
             "client process holds them all. Latency includes the broadcaster's INSERT + COMMIT "
-            "(flask-firm-channel) or PUBLISH (Flask-SSE).",
+            f"(flask-firm-channel) or PUBLISH (Flask-SSE). Load average: {load}.",
             "",
             table(results),
             "",

@@ -180,12 +180,11 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
 
     @app.get("/health.json")
     def health() -> Any:
-        state = firm_channel.state()
-        fanout = state._fanout
+        streams = firm_channel.stream_stats()
         return jsonify(
             pid=os.getpid(),
-            streams=0 if fanout is None else fanout.count("stream"),
-            dropped=0 if fanout is None else fanout.overflows,
+            streams=streams["open"],
+            dropped=streams["dropped"],
             listener=firm_channel.health().wake_detail,
         )
 

@@ -379,6 +379,19 @@ class FirmChannel:
         )
         return sse.response(sse.Body(consumer, body), headers)
 
+    def stream_stats(self) -> dict[str, int]:
+        """This process's streams for the current app: ``open`` now (and ``listening``
+        ``listen()`` loops), ``opened`` and ``dropped`` (fell behind) since it started."""
+        fanout = self.state()._fanout
+        if fanout is None:
+            return {"open": 0, "listening": 0, "opened": 0, "dropped": 0}
+        return {
+            "open": fanout.count("stream"),
+            "listening": fanout.count("listen"),
+            "opened": fanout.opened,
+            "dropped": fanout.overflows,
+        }
+
     def trim(
         self,
         older_than: Any = None,

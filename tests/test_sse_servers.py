@@ -121,10 +121,13 @@ class ExampleServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self.workers: set[int] = set()
 
-    def start(self, app: str | None = None, workers: int = 1) -> ExampleServer:
-        command = [sys.executable, "-m", "gunicorn", "-c", "example_app/gunicorn.conf.py"]
-        if app:
-            command.append(app)
+    def start(
+        self, app: str | None = None, workers: int = 1, command: list[str] | None = None
+    ) -> ExampleServer:
+        if command is None:
+            command = [sys.executable, "-m", "gunicorn", "-c", "example_app/gunicorn.conf.py"]
+            if app:
+                command.append(app)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log, stderr=log)
         try:
@@ -483,3 +486,26 @@ def test_the_sync_worker_is_warned_about_once(server: Any) -> None:
     assert done.wait(15)
     wait_for(lambda: "one request at a time" in srv.log_text(), timeout=15)
     assert srv.log_text().count("one request at a time") == 1
+
+
+def test_the_flask_dev_server_streams_too(server: Any) -> None:
+    srv = server()
+    srv.env = {k: v for k, v in srv.env.items() if not k.startswith(("FLASK_", "WERKZEUG_"))}
+    command = [
+        sys.executable,
+        "-m",
+        "flask",
+        "--app",
+        "example_app",
+        "run",
+        "--port",
+        str(srv.port),
+    ]
+    srv.start(command=command)
+    raw = srv.client("/rooms/lobby/events", "--connections", "2")
+    wait(lambda: raw.ready() == 2)
+    wait(lambda: srv.get_json("/health.json")["streams"] == 2)
+    sent = srv.broadcast("to the dev server")
+    wait(lambda: len(raw.events()) == 2)
+    assert {(e["id"], e["data"]) for e in raw.events()} == {(str(sent), "to the dev server")}
+    assert "one request at a time" not in srv.log_text()

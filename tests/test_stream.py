@@ -64,8 +64,8 @@ def sse_app(make_app: Any, **config: Any) -> tuple[Flask, FirmChannel]:
 
 
 def stream_count(app: Flask, fc: FirmChannel) -> int:
-    fanout = fc.state(app)._fanout
-    return 0 if fanout is None else fanout.count("stream")
+    with app.app_context():
+        return fc.stream_stats()["open"]
 
 
 def test_headers_and_live_events(make_app: Any) -> None:
