@@ -105,7 +105,7 @@ def channels_page(
         has_before, has_after = page > 0, len(active) > start + CHANNELS_PER_PAGE
     rows = [
         ChannelRow(
-            channel_summary(conn, where.table, where.dialect, ch, sample.channels.get(ch)),
+            channel_summary(conn, where.table, ch, sample.channels.get(ch)),
             sample.channels.get(ch),
         )
         for ch in channels
@@ -128,9 +128,9 @@ def channel_page(
     conn: Connection, where: Where, channel: bytes, *, before: int | None = None
 ) -> dict[str, Any]:
     messages: MessagePage = newest_messages(
-        conn, where.table, where.dialect, channel, before=before, limit=MESSAGES_PER_PAGE
+        conn, where.table, channel, before=before, limit=MESSAGES_PER_PAGE
     )
-    summary = channel_summary(conn, where.table, where.dialect, channel)
+    summary = channel_summary(conn, where.table, channel)
     return {
         "summary": summary,
         "page": messages,
@@ -142,7 +142,5 @@ def channel_page(
 def messages_fragment(
     conn: Connection, where: Where, channel: bytes, *, before: int | None = None
 ) -> dict[str, Any]:
-    messages = newest_messages(
-        conn, where.table, where.dialect, channel, before=before, limit=MESSAGES_PER_PAGE
-    )
+    messages = newest_messages(conn, where.table, channel, before=before, limit=MESSAGES_PER_PAGE)
     return {"page": messages, "channel": channel}

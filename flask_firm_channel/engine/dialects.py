@@ -46,10 +46,6 @@ class Dialect:
     wake_kind = "adaptive"
     #: Commit order equals id order (no out-of-order commits can occur).
     serial_commits = False
-    #: An index on ``channel_hash`` keeps equal hashes in id order (SQLite's rowid, InnoDB's
-    #: primary key suffix), so "a channel's newest rows" is a short backward index read.
-    #: PostgreSQL keeps them in physical order instead.
-    hash_index_follows_id = False
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -150,7 +146,6 @@ class SQLiteDialect(Dialect):
     wake_kind = "data_version"
     # SQLite has one writer at a time and the id is taken inside its write transaction.
     serial_commits = True
-    hash_index_follows_id = True
 
     def configure_engine(self, *, sqlite_wal: bool) -> None:
         if not sqlite_wal or self.memory_database():
@@ -272,8 +267,6 @@ class PostgreSQLDialect(Dialect):
 class MySQLDialect(Dialect):
     name = "mysql"
     wake_kind = "adaptive"
-    # InnoDB secondary indexes end with the primary key.
-    hash_index_follows_id = True
 
     def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
         if self.supports_skip_locked():

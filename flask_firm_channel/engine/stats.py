@@ -10,6 +10,7 @@ from sqlalchemy import Connection, Table, case, func, select
 
 from .dialects import Dialect
 from .internal import INTERNAL_END, INTERNAL_PREFIX, is_internal
+from .table import channel_hash
 
 
 @dataclass(frozen=True)
@@ -83,10 +84,6 @@ COUNT_CAP = 10_000
 SAMPLE_SIZE = 10_000
 #: Recent rate: messages per minute over the last this many seconds.
 RATE_WINDOW = 60.0
-#: Newest-first reads where the channel index is not in id order (PostgreSQL) look at id
-#: windows of this size, at most ``MAX_WINDOWS`` of them per page.
-ID_WINDOW = 10_000
-MAX_WINDOWS = 10
 #: Bytes of each payload fetched for a list of messages.
 PREVIEW_BYTES = 1024
 #: Rows of a channel whose payload sizes are summed: exact up to this many messages, an
@@ -330,7 +327,6 @@ class ChannelSummary:
 def channel_summary(
     conn: Connection,
     table: Table,
-    dialect: Dialect,
     channel: bytes,
     activity: Activity | None = None,
     cap: int = COUNT_CAP,
@@ -363,12 +359,15 @@ def channel_summary(
         last, last_id = None, None
         if activity is not None:
             last, last_id = activity.last, activity.last_id
-        elif dialect.hash_index_follows_id:
+        else:
+            ids = _newest_ids(conn, t, channel, None, 3)
             newest = conn.execute(
-                select(t.c.id, t.c.created_at).where(*mine).order_by(t.c.id.desc()).limit(1)
-            ).first()
-            if newest is not None:
-                last, last_id = newest.created_at, int(newest.id)
+                select(t.c.id, t.c.channel, t.c.created_at).where(t.c.id.in_(ids or [-1]))
+            ).all()
+            exact = [r for r in newest if bytes(r.channel) == channel]
+            if exact:
+                top = max(exact, key=lambda r: int(r.id))
+                last, last_id = top.created_at, int(top.id)
     return ChannelSummary(
         channel, messages, size, estimated, last, None if last_id is None else int(last_id)
     )
@@ -389,81 +388,51 @@ class MessagePage:
     messages: list[StoredMessage]
     #: Pass as ``before`` for the next (older) page; ``None``: nothing older is left.
     next_before: int | None
-    #: The page stopped at the window limit rather than at the oldest row.
-    searched_to: int | None
+
+
+def _newest_ids(
+    conn: Connection, table: Table, channel: bytes, before: int | None, limit: int
+) -> list[int]:
+    """Ids of the channel's newest rows below ``before``: one backward range of the
+    ``(channel_hash, id)`` index, ``limit`` entries (a hash collision's rows included: the
+    caller drops them by exact name). Ids alone, so no database strays from that index
+    (asked for whole rows, MariaDB walked the channel index down from its newest entry)."""
+    t = table
+    query = select(t.c.id).where(t.c.channel_hash == channel_hash(channel))
+    if before is not None:
+        query = query.where(t.c.id < before)
+    return list(conn.execute(query.order_by(t.c.id.desc()).limit(limit)).scalars())
 
 
 def newest_messages(
     conn: Connection,
     table: Table,
-    dialect: Dialect,
     channel: bytes,
     *,
     before: int | None = None,
     limit: int = 25,
 ) -> MessagePage:
-    """A channel's messages newest first, ``limit`` per page, below id ``before``.
-
-    Where the channel index is in id order this reads ``limit + 1`` index entries. Elsewhere
-    (PostgreSQL) it looks at id windows of :data:`ID_WINDOW` going back, at most
-    :data:`MAX_WINDOWS` of them, and says where it stopped.
-    """
+    """A channel's messages newest first, ``limit`` per page, below id ``before``: reads
+    ``limit + 1`` index entries and ``limit`` rows by primary key."""
     t = table
-    columns = (
-        t.c.id,
-        t.c.channel,
-        func.substr(t.c.payload, 1, PREVIEW_BYTES).label("preview"),
-        func.length(t.c.payload).label("size"),
-        t.c.created_at,
-    )
-    # The exact channel on its own index: adding the hash as well lets MariaDB intersect
-    # both indexes, reading every row of the channel.
-    mine = (t.c.channel == channel,)
+    ids = _newest_ids(conn, t, channel, before, limit + 1)
+    page = ids[:limit]
     rows: list[Any] = []
-    searched_to = None
-    if dialect.hash_index_follows_id:
-        # Ids first, from the channel index alone; then the rows by primary key. Asked for
-        # the rows at once, MariaDB walks the channel's index from its newest entry down to
-        # ``before``, however far that is.
-        ids = select(t.c.id).where(*mine)
-        if before is not None:
-            ids = ids.where(t.c.id < before)
-        found = list(conn.execute(ids.order_by(t.c.id.desc()).limit(limit + 1)).scalars())
-        if found:
-            query = select(*columns).where(t.c.id.in_(found)).order_by(t.c.id.desc())
-            rows = list(conn.execute(query))
-    else:
-        low = conn.execute(select(t.c.id).order_by(t.c.id).limit(1)).scalar()
-        high = (
-            (before - 1)
-            if before is not None
-            else conn.execute(select(t.c.id).order_by(t.c.id.desc()).limit(1)).scalar()
-        )
-        windows = 0
-        while low is not None and high is not None and high >= low and len(rows) <= limit:
-            if windows == MAX_WINDOWS:
-                searched_to = high + 1
-                break
-            query = (
-                select(*columns)
-                .where(*mine, t.c.id <= high, t.c.id > high - ID_WINDOW)
-                .order_by(t.c.id.desc())
-                .limit(limit + 1 - len(rows))
-            )
-            rows.extend(conn.execute(query))
-            high -= ID_WINDOW
-            windows += 1
+    if page:
+        query = select(
+            t.c.id,
+            t.c.channel,
+            func.substr(t.c.payload, 1, PREVIEW_BYTES).label("preview"),
+            func.length(t.c.payload).label("size"),
+            t.c.created_at,
+        ).where(t.c.id.in_(page))
+        rows = list(conn.execute(query.order_by(t.c.id.desc())))
     messages = [
         StoredMessage(int(r.id), bytes(r.channel), bytes(r.preview), int(r.size), r.created_at)
-        for r in rows[:limit]
+        for r in rows
+        if bytes(r.channel) == channel
     ]
-    if len(rows) > limit:
-        next_before = messages[-1].id
-    elif searched_to is not None:
-        next_before = searched_to
-    else:
-        next_before = None
-    return MessagePage(messages, next_before, searched_to)
+    return MessagePage(messages, page[-1] if len(ids) > limit else None)
 
 
 def newest_id(conn: Connection, table: Table) -> int | None:
