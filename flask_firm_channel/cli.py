@@ -13,6 +13,7 @@ from flask.cli import AppGroup
 from sqlalchemy import inspect
 
 from .engine.stats import channel_stats, table_stats
+from .engine.table import upgrade_indexes
 
 firm_channel_cli = AppGroup(
     "firm-channel", help="Database-backed pub/sub: table, trim, tail, stats."
@@ -60,11 +61,13 @@ def _format(payload: bytes, as_hex: bool) -> str:
 
 @firm_channel_cli.command("create-table")
 def create_table() -> None:
-    """Create the message table (and its indexes) if it does not exist."""
+    """Create the message table (and its indexes) if it does not exist; on an existing
+    table, add the indexes it lacks."""
     pubsub = _pubsub()
     name = pubsub.table.name
     if inspect(pubsub.engine).has_table(name):
-        click.echo(f"Table {name} already exists.")
+        done = upgrade_indexes(pubsub.engine, pubsub.table)
+        click.echo(f"Table {name} already exists" + (f"; {', '.join(done)}." if done else "."))
         return
     pubsub.table.create(pubsub.engine, checkfirst=True)
     click.echo(f"Created table {name}.")

@@ -348,3 +348,43 @@ def test_cli_process_does_not_start_a_listener(
     )
     assert proc.returncode == 0, proc.stderr
     assert "firm-channel-listener" in proc.stdout.strip().split(","), proc.stdout
+
+
+def test_create_table_upgrades_the_index_of_an_older_table(
+    make_app: Callable[..., Any], table_name: str, caplog: Any
+) -> None:
+    """A table made before the (channel_hash, id) index: the listener says what to run, and
+    create-table adds it and drops the single-column index it replaces, keeping the rows."""
+    app, db, fc = make_app(create_table=False)
+    with app.app_context():
+        t = fc.table
+        old = sa.Table(
+            table_name,
+            sa.MetaData(),
+            *[c.copy() for c in t.columns],
+            sa.Index(f"ix_{table_name}_channel", "channel"),
+            sa.Index(f"ix_{table_name}_channel_hash", "channel_hash"),
+            sa.Index(f"ix_{table_name}_created_at", "created_at"),
+            sqlite_autoincrement=True,
+        )
+        old.create(db.engine)
+        first = fc.broadcast("up", "kept")
+        received: list[bytes] = []
+        fc.subscribe("up", received.append)
+        wait_for(lambda: any("lacks index" in r.getMessage() for r in caplog.records))
+        fc.close()
+    result = _invoke(app, "create-table")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == (
+        f"Table {table_name} already exists; created index ix_{table_name}_channel_hash_id,"
+        f" dropped index ix_{table_name}_channel_hash."
+    )
+    with app.app_context():
+        columns = sorted(
+            tuple(ix["column_names"]) for ix in sa.inspect(db.engine).get_indexes(table_name)
+        )
+        assert columns == [("channel",), ("channel_hash", "id"), ("created_at",)]
+        with db.engine.connect() as conn:
+            assert conn.execute(sa.select(t.c.id, t.c.payload)).all() == [(first, b"kept")]
+    result = _invoke(app, "create-table")
+    assert result.stdout.strip() == f"Table {table_name} already exists."

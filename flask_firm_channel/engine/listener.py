@@ -39,7 +39,7 @@ from .message import HistoryTrimmed, Message
 from .reads import BATCH, Range, Reads, Row
 from .settings import Settings
 from .subscriptions import Snapshot, Subscription, SubscriptionRegistry
-from .table import channel_hash
+from .table import channel_hash, missing_indexes
 from .wake import WakeHint
 
 log = logging.getLogger("flask_firm_channel")
@@ -298,11 +298,27 @@ class Listener:
             first_id = self._reads.first_id_since(sub.since)
             sub.anchor = max_id if first_id is None else first_id - 1
         if self._high_water is None:
+            self._check_indexes()
             # Start below the oldest anchor, so a subscription made before this listener
             # existed (for instance in a gunicorn master before the fork) loses nothing.
             anchors = [s.anchor for s in snap.subs if s.anchor is not None]
             self._high_water = min(anchors + [max_id])
             self._followed = frozenset()
+
+    def _check_indexes(self) -> None:
+        """Say once, at start, if the table predates the ``(channel_hash, id)`` index."""
+        try:
+            missing = missing_indexes(self._engine, self._table)
+        except Exception:  # noqa: BLE001 - a catalogue we cannot read is not worth failing on
+            return
+        if missing:
+            log.warning(
+                "firm-channel table %s lacks index %s: without it every poll can read many "
+                "more rows than it delivers. Run `flask firm-channel create-table` (it adds "
+                "missing indexes) or a migration (see the README, 'The table').",
+                self._table.name,
+                ", ".join(str(ix.name) for ix in missing),
+            )
 
     def _follow(self, snap: Snapshot) -> None:
         """Give channels followed since the last poll their floor, forget the ones no longer

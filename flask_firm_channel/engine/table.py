@@ -9,11 +9,13 @@ from sqlalchemy import (
     BigInteger,
     Column,
     DateTime,
+    Engine,
     Index,
     Integer,
     LargeBinary,
     MetaData,
     Table,
+    inspect,
 )
 from sqlalchemy.dialects import mysql
 
@@ -77,3 +79,30 @@ def channel_hash(channel: bytes) -> int:
 def utcnow() -> datetime:
     """Naive UTC, the way ``created_at`` is stored."""
     return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def obsolete_index_name(table: Table) -> str:
+    """The single-column ``channel_hash`` index of releases before ``(channel_hash, id)``."""
+    return f"ix_{table.name}_channel_hash"
+
+
+def missing_indexes(engine: Engine, table: Table) -> list[Index]:
+    """The indexes ``table`` defines that the database does not have (by column list)."""
+    existing = {tuple(ix["column_names"]) for ix in inspect(engine).get_indexes(table.name)}
+    return [ix for ix in table.indexes if tuple(c.name for c in ix.columns) not in existing]
+
+
+def upgrade_indexes(engine: Engine, table: Table) -> list[str]:
+    """Bring an existing table's indexes up to date: create the missing ones, then drop the
+    obsolete single-column ``channel_hash`` index they replace. Returns what was done."""
+    done = []
+    for index in missing_indexes(engine, table):
+        index.create(engine)
+        done.append(f"created index {index.name}")
+    old = obsolete_index_name(table)
+    if any(ix["name"] == old for ix in inspect(engine).get_indexes(table.name)):
+        # On a stand-in Table: an Index built on ``table`` itself would join its definition.
+        stand_in = Table(table.name, MetaData(), Column("channel_hash", BigInteger()))
+        Index(old, stand_in.c.channel_hash).drop(engine)
+        done.append(f"dropped index {old}")
+    return done
