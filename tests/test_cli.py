@@ -361,7 +361,7 @@ def test_create_table_upgrades_the_index_of_an_older_table(
         old = sa.Table(
             table_name,
             sa.MetaData(),
-            *[c.copy() for c in t.columns],
+            *[c._copy() for c in t.columns],
             sa.Index(f"ix_{table_name}_channel", "channel"),
             sa.Index(f"ix_{table_name}_channel_hash", "channel_hash"),
             sa.Index(f"ix_{table_name}_created_at", "created_at"),

@@ -299,3 +299,33 @@ def test_alembic_autogenerate_sees_the_table(make_app: Callable[..., Any], table
         with db.engine.connect() as conn:
             context = MigrationContext.configure(conn, opts={"compare_type": True})
             assert ours(compare_metadata(context, db.metadata)) == []
+
+
+def test_alembic_autogenerate_proposes_the_index_upgrade(
+    make_app: Callable[..., Any], table_name: str
+) -> None:
+    """A table from before the (channel_hash, id) index: ``flask db migrate`` proposes to add
+    it and to drop the single-column one, and nothing else."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    app, db, fc = make_app(create_table=False)
+    with app.app_context():
+        old = sa.Table(
+            table_name,
+            sa.MetaData(),
+            *[c._copy() for c in fc.table.columns],
+            sa.Index(f"ix_{table_name}_channel", "channel"),
+            sa.Index(f"ix_{table_name}_channel_hash", "channel_hash"),
+            sa.Index(f"ix_{table_name}_created_at", "created_at"),
+            sqlite_autoincrement=True,
+        )
+        old.create(db.engine)
+        with db.engine.connect() as conn:
+            context = MigrationContext.configure(conn)
+            diffs = [d for d in compare_metadata(context, db.metadata) if table_name in repr(d)]
+    proposed = sorted((d[0], d[1].name) for d in diffs)
+    assert proposed == [
+        ("add_index", f"ix_{table_name}_channel_hash_id"),
+        ("remove_index", f"ix_{table_name}_channel_hash"),
+    ]
