@@ -306,3 +306,35 @@ def test_subscription_made_while_the_table_was_missing_gets_later_messages(
     finally:
         pubsub.close()
         table.drop(engine, checkfirst=True)
+
+
+def test_broadcast_many_returns_each_rows_id_in_few_round_trips(
+    backend: str, engine: sa.Engine, table: sa.Table
+) -> None:
+    """The ids come back in order and name the right rows; PostgreSQL (pipelined) and
+    MariaDB (INSERT ... RETURNING) send far fewer statements than rows, counted at the driver."""
+    from flask_firm_channel import PubSub, Settings
+
+    from .conftest import trace_statements
+
+    sent: list[str] = []
+    engine.dispose()
+    stop = trace_statements(engine, sent.append)
+    pubsub = PubSub(engine, table, Settings(auto_trim=False))
+    try:
+        items = [(f"many:{i % 3}", f"payload {i}" * (1 + i % 5)) for i in range(1200)]
+        # Three payloads of 1 MiB: more than one statement's worth of bytes.
+        items += [("many:big", chr(97 + i) * (1024 * 1024)) for i in range(3)]
+        before = len(sent)
+        ids = pubsub.broadcast_many(items)
+        inserts = [s for s in sent[before:] if "INSERT" in s.upper()]
+    finally:
+        stop()
+        pubsub.close()
+    assert ids == sorted(ids) and len(set(ids)) == len(items)
+    with engine.connect() as conn:
+        rows = dict(conn.execute(sa.select(table.c.id, table.c.payload)).all())
+    assert [bytes(rows[i]) for i in ids] == [p.encode() for _, p in items]
+    print(f"\n{backend}: {len(items)} rows in {len(inserts)} INSERT statements")
+    if backend == "mysql" and engine.dialect._is_mariadb:  # type: ignore[attr-defined]
+        assert len(inserts) <= 6
