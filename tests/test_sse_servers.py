@@ -352,6 +352,13 @@ def test_gevent_workers_deliver_without_blocking_the_hub(server: Any) -> None:
     wait_for(lambda: hub_blocked_by(srv.log.read_text(errors="replace")), timeout=10)
     stacks = hub_blocked_by(srv.log.read_text(errors="replace"))
     assert all("block_the_hub" in stack for stack in stacks), stacks
+    # SIGTERM ends the streams at once under gevent too.
+    assert srv.proc is not None
+    stopped_at = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    wait(lambda: raw.eofs() == 2, timeout=25)
+    srv.proc.wait(25)
+    assert time.monotonic() - stopped_at < 8
 
 
 def hub_blocked_by(log: str) -> list[str]:
