@@ -361,15 +361,24 @@ class NotifyHint(WakeHint):
 class AdaptivePollHint(WakeHint):
     """MySQL/MariaDB have no change signal a client can wait on, so the listener polls the
     table itself (an index range read that returns nothing when idle): every 2 ms while
-    messages flow, backing off to ``polling_interval`` (at most 50 ms) when idle."""
+    messages flow and for a moment after the last one, so a message every few milliseconds
+    waits 2 ms at most, then backing off to ``polling_interval`` (at most 40 ms) when idle.
+
+    The idle pace is a trade: each poll costs the listening process about half a millisecond
+    of CPU (a timed wake-up, a round trip, the driver's decoding), so 40 ms keeps an idle
+    subscriber near 1 % of a core while the first message after a quiet spell waits about
+    22 ms on average."""
 
     mode = "adaptive"
     FAST = 0.002
-    CEILING = 0.05
+    #: Seconds after the last message during which polls stay at ``FAST``.
+    ACTIVE_WINDOW = 0.3
+    CEILING = 0.04
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._interval = self._slowest()
+        self._last_rows = 0.0
 
     def _slowest(self) -> float:
         return max(self.FAST, min(self.settings.polling_interval, self.CEILING))
@@ -382,10 +391,12 @@ class AdaptivePollHint(WakeHint):
         return self._interval
 
     def activity(self, rows: int) -> None:
+        now = time.monotonic()
         if rows:
             self.wakes += 1
+            self._last_rows = now
             self._interval = self.FAST
-        else:
+        elif now - self._last_rows > self.ACTIVE_WINDOW:
             self._interval = min(self._interval * 1.5, self._slowest())
 
 
