@@ -193,7 +193,7 @@ def floor_table(metadata: Any, name: str) -> Any:
             "created_at", sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql"), nullable=False
         ),
         sa.Index(f"ix_{name}_channel", "channel"),
-        sa.Index(f"ix_{name}_channel_hash", "channel_hash"),
+        sa.Index(f"ix_{name}_channel_hash_id", "channel_hash", "id"),
         sa.Index(f"ix_{name}_created_at", "created_at"),
         sqlite_autoincrement=True,
     )
