@@ -315,6 +315,12 @@ def test_browser_and_raw_clients_across_three_gthread_workers(server: Any, brows
         assert len(ids) == len(set(ids)), "a message was shown twice"
         new_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
         assert new_worker != stream_worker
+        # Hostile text arrives as text, live and when rendered with the page.
+        hostile = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+        poster.post(hostile, author='"><svg onload="window.pwned=3">')
+        shown(hostile, 20)
+        page.reload()
+        shown(hostile, 20)
         assert page.evaluate("window.pwned") is None
         assert errors == []
     finally:
