@@ -58,9 +58,14 @@ class Contender:
         self.tmpdir, self.serial = tmpdir, serial
         tag = f"{os.getpid()}_{serial}"
         spec: dict[str, Any] = {"kind": self.kind, "backend": self.backend, "key": self.key}
+        # PostgreSQL sessions of this contender's processes carry a name of their own, so the
+        # benchmark can tell when they have all ended (see serverstats.py).
+        spec["appname"] = f"bench_{tag}"
         if self.kind == "ours":
             spec["table"] = f"bench_fc_{tag}"
             spec["url"] = _backend_url(self.backend, tmpdir, f"ours_{serial}.db")
+            if self.backend == "postgres":
+                spec["url"] += f"?application_name={spec['appname']}"
         elif self.kind == "firm":
             spec["interval"] = self.interval
             # firm-channel's table name is fixed (firm_channel_messages), so each firm contender
@@ -69,7 +74,10 @@ class Contender:
             if self.backend == "sqlite":
                 spec["url"] = _backend_url("sqlite", tmpdir, f"firm_{serial}.db")
             elif self.backend == "postgres":
-                spec["url"] = f"{PG_URL}?options=-csearch_path%3D{spec['namespace']}"
+                spec["url"] = (
+                    f"{PG_URL}?options=-csearch_path%3D{spec['namespace']}"
+                    f"&application_name={spec['appname']}"
+                )
             else:
                 spec["url"] = MARIADB_URL.rsplit("/", 1)[0] + "/" + spec["namespace"]
         elif self.kind == "floor":
@@ -79,16 +87,25 @@ class Contender:
             spec["dsn"] = PG_DSN
         self.spec = spec
 
-    def setup(self) -> None:
-        """Create this contender's (empty) message table."""
+    def setup(self, prefill: int = 0, hot: str = "", frozen_stats: bool = False) -> None:
+        """Create this contender's message table: empty, or (ours) with ``prefill`` rows
+        bulk-loaded, most of them on channel ``hot`` (see prefill.py). ``frozen_stats``: on
+        PostgreSQL, autovacuum off for the table, so it is never analysed behind the run."""
         import sqlalchemy as sa
 
         if self.kind == "ours":
             from flask_firm_channel.engine import message_table
 
+            from .prefill import bulk_load, freeze_statistics
+
             engine = sa.create_engine(self.spec["url"])
             try:
-                message_table(sa.MetaData(), self.spec["table"]).create(engine, checkfirst=True)
+                table = message_table(sa.MetaData(), self.spec["table"])
+                table.create(engine, checkfirst=True)
+                if frozen_stats:
+                    freeze_statistics(engine, table)
+                if prefill:
+                    bulk_load(engine, table, prefill, hot)
             finally:
                 engine.dispose()
         elif self.kind == "firm":
@@ -239,6 +256,9 @@ class OursAdapter:
 
     def subscribe(self, channel: str, cb: Callback) -> None:
         self.ps.subscribe(channel, cb)
+
+    def unsubscribe(self, channel: str, cb: Callback) -> None:
+        self.ps.unsubscribe(channel, cb)
 
     def broadcast(self, channel: str, payload: bytes) -> None:
         self.ps.broadcast(channel, payload)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import worker
 from .contenders import Contender
+from .serverstats import TableCounter, counter_for, delta
 
 
 @dataclass
@@ -31,6 +32,13 @@ class Config:
     idle_s: float = 10.0
     idle_windows: int = 3
     drain_s: float = 5.0
+    #: Messages every 5 ms (200/s), one subscriber: the steady-traffic tail.
+    paced_rate: float = 200.0
+    paced_n: int = 1000
+    #: Rows prefilled for the large-table listener measurement.
+    big_rows: int = 1_000_000
+    #: Messages broadcast while a process had no subscription, before it subscribes again.
+    resub_n: int = 20_000
     quick: bool = False
 
 
@@ -44,8 +52,14 @@ QUICK = Config(
     idle_s=3.0,
     idle_windows=1,
     drain_s=3.0,
+    paced_n=200,
+    big_rows=100_000,
+    resub_n=2_000,
     quick=True,
 )
+
+
+T = TypeVar("T")
 
 
 class BenchError(RuntimeError):
@@ -116,7 +130,7 @@ class Fleet:
         self.workers = []
 
 
-def rotated(cs: list[Contender], rnd: int) -> list[Contender]:
+def rotated(cs: list[T], rnd: int) -> list[T]:
     """The contender order for round ``rnd``: rotated, so nobody is always first or last."""
     k = rnd % len(cs) if cs else 0
     return cs[k:] + cs[:k]
@@ -139,10 +153,20 @@ def measure_delivery(
     n: int,
     rate: float | None,
     max_seconds: float,
+    *,
+    server: bool = False,
+    prefill: int = 0,
+    frozen_stats: bool = False,
 ) -> dict[str, Any]:
-    """Broadcaster process sends ``n`` messages to ``subs`` subscriber processes."""
+    """Broadcaster process sends ``n`` messages to ``subs`` subscriber processes.
+
+    ``server``: also count the rows the database server read from the table over the
+    window (PostgreSQL and MariaDB, see serverstats.py). ``prefill``: the table starts with
+    that many rows, nine in ten on ``channel``; ``frozen_stats``: no autovacuum on it."""
     fleet = Fleet(ctx)
-    c.setup()
+    c.setup(prefill=prefill, hot=channel, frozen_stats=frozen_stats)
+    counter = counter_for(c.spec) if server else None
+    server_rows: dict[str, Any] | None = None
     try:
         sub_ws = fleet.spawn(c.spec, subs)
         (pub,) = fleet.spawn(c.spec)
@@ -151,19 +175,32 @@ def measure_delivery(
         for w in sub_ws:
             w.call(("subscribe", channel))
         time.sleep(0.3)  # let every listener thread reach its loop
+
+        def poke() -> None:
+            for w in sub_ws:
+                w.call(("mark",))
+            pub.call(("send", channel, 1, 0, 0, None, 10), 30)
+            for w in sub_ws:
+                w.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
+
+        before = counter.open_window(poke) if counter else None
         for w in sub_ws:
             w.call(("mark",))
         sent = pub.call(
             ("send", channel, n, cfg.gap_min, cfg.gap_max, rate, max_seconds), max_seconds + 60
         )
         per_sub = [w.call(("collect", sent["sent"], cfg.drain_s), cfg.drain_s + 30) for w in sub_ws]
+        if counter is not None and before is not None:
+            server_rows = close_window(counter, before, fleet, c)
     finally:
         fleet.close()
         c.teardown()
+        if counter is not None:
+            counter.close()
     lat: list[float] = []
     for r in per_sub:
         lat.extend(r["latencies"])
-    return {
+    out = {
         "sent": sent["sent"],
         "send_errors": sent["errors"],
         "send_elapsed": sent["elapsed"],
@@ -175,20 +212,107 @@ def measure_delivery(
         "latencies": lat,
         "per_sub": [{k: v for k, v in r.items() if k != "latencies"} for r in per_sub],
     }
+    if prefill:
+        out["prefill"] = prefill
+    if server_rows is not None:
+        out["server"] = server_rows
+    return out
 
 
-def measure_throughput(ctx: Any, c: Contender, cfg: Config, channel: str) -> dict[str, Any]:
+def close_window(
+    counter: TableCounter, before: dict[str, int], fleet: Fleet, c: Contender
+) -> dict[str, Any]:
+    """End a counted window: the measured processes close their connections (on PostgreSQL a
+    backend flushes its statistics as it exits), then the counters' growth since ``before``.
+    Closing, rather than one more poll, also stops a contender that polls on a timer from
+    adding reads after the window."""
+    fleet.close()
+    complete = counter.wait_gone(c.spec["appname"])
+    out: dict[str, Any] = dict(delta(before, counter.read()))
+    out["complete"] = complete
+    return out
+
+
+def measure_throughput(
+    ctx: Any, c: Contender, cfg: Config, channel: str, subs: int = 0
+) -> dict[str, Any]:
+    """Timed single-row broadcasts (and batches) from one thread; with ``subs``, that many
+    subscriber processes listen on the channel meanwhile, and the first one's CPU over the
+    phase is reported (from before the loop until it has received every message)."""
     fleet = Fleet(ctx)
     c.setup()
     try:
+        sub_ws = fleet.spawn(c.spec, subs) if subs else []
         (pub,) = fleet.spawn(c.spec)
         fleet.ready()
+        for w in sub_ws:
+            w.call(("subscribe", channel))
+        if sub_ws:
+            time.sleep(0.3)  # let every listener thread reach its loop
+            for w in sub_ws:
+                w.call(("mark",))
         out: dict[str, Any] = {"single": pub.call(("throughput", channel, cfg.tp_n, 120), 200)}
-        if c.has_many:
+        if sub_ws:
+            expected = out["single"]["n"] + out["single"]["warm"]
+            got = [
+                w.call(("collect", expected, cfg.drain_s * 4, "calls"), cfg.drain_s * 4 + 30)
+                for w in sub_ws
+            ]
+            first = got[0]
+            out["subscriber"] = {
+                "expected": expected,
+                "calls": first["calls"],
+                "cpu_s": first["cpu_s"],
+                "wall_s": first["wall_s"],
+                "all_calls": [g["calls"] for g in got],
+            }
+        elif c.has_many:
             out["many"] = pub.call(("many", channel, cfg.tp_n, cfg.many_batch, 120), 200)
     finally:
         fleet.close()
         c.teardown()
+    return out
+
+
+def measure_resubscribe(ctx: Any, c: Contender, cfg: Config, channel: str) -> dict[str, Any]:
+    """A process subscribes, unsubscribes, ``resub_n`` messages go by, it subscribes again and
+    one more message comes: the rows read from the second subscription until that message
+    arrived (server-counted where the server counts, and the listener's own figure)."""
+    fleet = Fleet(ctx)
+    c.setup()
+    counter = counter_for(c.spec)
+    try:
+        (sub,) = fleet.spawn(c.spec)
+        (pub,) = fleet.spawn(c.spec)
+        fleet.ready()
+        pub.call(("warm", channel + "_warm"))
+        sub.call(("subscribe", channel))
+        time.sleep(0.3)
+        sub.call(("mark",))
+        pub.call(("send", channel, 1, 0, 0, None, 10), 30)
+        sub.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
+        sub.call(("unsubscribe", channel))
+        missed = pub.call(("fill", channel, cfg.resub_n, 1000), 200)
+        before = counter.read() if counter else None
+        sub.call(("mark",))
+        sub.call(("subscribe", channel))
+        pub.call(("send", channel, 1, 0, 0, None, 10), 30)
+        got = sub.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
+        server_rows = close_window(counter, before, fleet, c) if counter and before else None
+    finally:
+        fleet.close()
+        c.teardown()
+        if counter is not None:
+            counter.close()
+    out: dict[str, Any] = {
+        "missed": missed["n"],
+        "delivered": got["delivered"],
+        "calls": got["calls"],
+        "stats_before": got["stats_before"],
+        "stats_after": got["stats_after"],
+    }
+    if server_rows is not None:
+        out["server"] = server_rows
     return out
 
 

@@ -50,6 +50,14 @@ def delivery(runs: list[dict[str, Any]] | None) -> dict[str, float]:
         rows.append(rows_per_message(s))
     out["cpu"] = median(cpu)
     out["rows_per_msg"] = median(rows)
+    counted = [r for r in good if "server" in r]
+    if counted:
+        out["server_rows_per_msg"] = median(server_rows_per_message(r) for r in counted)
+        out["server_rounds"] = [server_rows_per_message(r) for r in counted]  # type: ignore[assignment]
+        out["server_complete"] = all(r["server"].get("complete", True) for r in counted)
+        if all("seq_scans" in r["server"] for r in counted):
+            out["seq_scans"] = median(r["server"]["seq_scans"] for r in counted)
+    out["cpu_rounds"] = cpu  # type: ignore[assignment]
     out["call_p50"] = median(r.get("call_p50_ms") for r in good)
     out["rounds_p50"] = [pct(r["latencies"], 50) for r in good]  # type: ignore[assignment]
     out["rounds_p99"] = [pct(r["latencies"], 99) for r in good]  # type: ignore[assignment]
@@ -66,6 +74,58 @@ def rows_per_message(s: dict[str, Any]) -> float:
     else:
         delivered = s["delivered"]
     return rows / delivered if delivered else math.nan
+
+
+def server_rows_per_message(r: dict[str, Any]) -> float:
+    """Rows the server counted over the window, per message delivered in it."""
+    delivered = r.get("delivered") or 0
+    if "server" not in r or not delivered:
+        return math.nan
+    return float(r["server"]["rows"]) / delivered
+
+
+def with_prefill(runs: list[dict[str, Any]] | None, rows: int) -> list[dict[str, Any]]:
+    return [r for r in runs or [] if "error" in r or r.get("prefill", 0) == rows]
+
+
+def throughput_sub(runs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """Single-row publish rate with a subscriber listening, and that subscriber's CPU."""
+    good = [r for r in ok_runs(runs) if "subscriber" in r]
+    if not good:
+        return {}
+    subs = [r["subscriber"] for r in good]
+    return {
+        "single": median(r["single"]["rate"] for r in good),
+        "rounds": [r["single"]["rate"] for r in good],
+        "cpu": median(100.0 * s["cpu_s"] / max(s["wall_s"], 1e-9) for s in subs),
+        "expected": sum(s["expected"] for s in subs),
+        "delivered": sum(min(s["calls"], s["expected"]) for s in subs),
+        "extra": sum(max(0, s["calls"] - s["expected"]) for s in subs),
+    }
+
+
+def resubscribe(runs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    good = ok_runs(runs)
+    if not good:
+        return {}
+    own = []
+    for r in good:
+        b, a = r.get("stats_before") or {}, r.get("stats_after") or {}
+        if a.get("rows_read") is not None and b.get("rows_read") is not None:
+            own.append(a["rows_read"] - b["rows_read"])
+    counted = [r["server"] for r in good if "server" in r]
+    return {
+        "missed": median(r["missed"] for r in good),
+        "self_rows": median(own) if own else math.nan,
+        "server_rows": median(s["rows"] for s in counted) if counted else math.nan,
+        "server_rounds": [s["rows"] for s in counted],
+        "seq_scans": median(s["seq_scans"] for s in counted if "seq_scans" in s)
+        if any("seq_scans" in s for s in counted)
+        else math.nan,
+        "replayed": sum(max(0, r["calls"] - 1) for r in good),
+        "delivered": sum(r["delivered"] for r in good),
+        "runs": len(good),
+    }
 
 
 def throughput(runs: list[dict[str, Any]] | None) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from . import report_cost
 from .contenders import BACKEND_LABEL, BACKENDS
 from .metrics import delivery, errors, idle, ok_runs, throughput
 
@@ -156,6 +157,16 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         add("")
         add(_targets(ours, results, contenders))
         add("")
+        add("## flask-firm-channel against its listener-cost and publish-path targets")
+        add("")
+        add(report_cost.targets(ours, results))
+        add("")
+        add(
+            "Rows read are counted by the database server (see the sustained-load section); "
+            "the publish share is measured with one subscriber process listening (see "
+            "“Publishing with one subscriber process attached”)."
+        )
+        add("")
 
     if "latency" in results:
         add(
@@ -211,6 +222,10 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         add("![cross-process latency](latency.png)")
         add("")
 
+    if results.get("paced") and ours:
+        add(report_cost.paced_section(ours, results, cfg))
+        add("")
+
     if "fanout" in results:
         add(f"## Fan-out to {cfg.fanout_subs} subscriber processes ({cfg.fanout_n} messages)")
         add("")
@@ -255,19 +270,22 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
             "1 subscriber process"
         )
         add("")
+        add(report_cost.sustained_note())
+        add("")
         add(
-            "Rows read per delivered message: flask-firm-channel's own `health()` counters; for "
-            "firm-channel, the rows its listener's `fetch_since` returned (payloads included). "
             "Subscriber CPU: user + system time of the whole subscriber process over the window, "
-            "as % of one core. The send rate is what one paced broadcaster thread achieved."
+            "as % of one core. The send rate is what one paced broadcaster thread achieved. "
+            "**rows ×**: server-counted rows where the server counts them, else self-reported."
         )
         add("")
         rows = []
         for c in order:
             m = delivery(results["sustained"].get(c.key))
             if not m:
-                rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 8)
+                rows.append([c.label, BACKEND_LABEL[c.backend], "error"] + [""] * 10)
                 continue
+            server, scans = report_cost.sustained_cells(c, m)
+            rows_key = "server_rows_per_msg" if "server_rows_per_msg" in m else "rows_per_msg"
             rows.append(
                 [
                     c.label,
@@ -277,9 +295,11 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
                     str(m["dups"]),
                     ms(m["p50"]),
                     ms(m["p99"]),
+                    server,
                     num(m["rows_per_msg"], 2),
+                    scans,
                     num(m["cpu"], 1),
-                    ratio(m["rows_per_msg"], ref("sustained", delivery, c, "rows_per_msg")),
+                    ratio(m[rows_key], ref("sustained", delivery, c, rows_key)),
                     ratio(m["cpu"], ref("sustained", delivery, c, "cpu")),
                 ]
             )
@@ -293,7 +313,9 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
                     "dups",
                     "p50 ms",
                     "p99 ms",
-                    "rows read / msg",
+                    "rows read / msg, server-counted",
+                    "rows read / msg, self-reported",
+                    "sequential scans",
                     "subscriber CPU %",
                     "rows ×",
                     "CPU ×",
@@ -301,6 +323,10 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
                 rows,
             )
         )
+        add("")
+
+    if results.get("bigtable") and ours:
+        add(report_cost.bigtable_section(ours, results, cfg))
         add("")
 
     if "throughput" in results:
@@ -368,6 +394,10 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         )
         add("")
 
+    if results.get("throughput_sub") and ours:
+        add(report_cost.publish_with_subscriber(ours, results, cfg))
+        add("")
+
     if "idle" in results:
         add(f"## Idle cost and the first message after {cfg.idle_s:.0f} s idle")
         add("")
@@ -419,6 +449,16 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
             )
         )
         add("")
+
+    if results.get("resubscribe") and ours:
+        add(report_cost.resubscribe_section(ours, results))
+        add("")
+
+    if ours:
+        comparison = report_cost.before_after(ours, results)
+        if comparison:
+            add(comparison)
+            add("")
 
     errs = []
     for scenario, per in results.items():
@@ -539,7 +579,7 @@ def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
         ]
     )
     rows.append(
-        ["rows read per delivered message at 500 msg/s"]
+        ["rows read per delivered message at 500 msg/s, self-reported"]
         + [
             cell(
                 m.get("rows_per_msg", math.nan), TARGETS[c.backend][4], "", fmt=lambda v: f"{v:.2f}"

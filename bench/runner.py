@@ -25,6 +25,7 @@ from .measure import (
     log,
     measure_delivery,
     measure_idle,
+    measure_resubscribe,
     measure_throughput,
     rotated,
 )
@@ -42,7 +43,16 @@ PRELOAD = [
     "firm.channel",
     "flask_firm_channel.engine",
 ]
-SCENARIOS = ("latency", "fanout", "sustained", "throughput", "idle")
+SCENARIOS = (
+    "latency",
+    "paced",
+    "fanout",
+    "sustained",
+    "bigtable",
+    "throughput",
+    "idle",
+    "resubscribe",
+)
 
 
 # -- contenders --------------------------------------------------------------------------------
@@ -93,19 +103,33 @@ def summarize(scenario: str, r: dict[str, Any]) -> str:
 
     if "error" in r:
         return "ERROR " + r["error"].splitlines()[0][:200]
-    if scenario in ("latency", "fanout", "sustained"):
+    if scenario in ("latency", "paced", "fanout", "sustained", "bigtable"):
         lat = r["latencies"]
         s = (
             f"{r['delivered']}/{r['sent'] * r['subs']} dup={r['dups']} "
             f"p50={pct(lat, 50):.2f} p99={pct(lat, 99):.2f} ms"
         )
-        if scenario == "sustained":
+        if scenario in ("sustained", "bigtable"):
+            from .metrics import rows_per_message, server_rows_per_message
+
             ps = r["per_sub"][0]
+            if "prefill" in r:
+                s = f"prefill={r['prefill']:,} " + s
             s += f" rate={r['sent'] / max(r['send_elapsed'], 1e-9):.0f}/s"
             s += f" cpu={100 * ps['cpu_s'] / max(ps['wall_s'], 1e-9):.1f}%"
-            from .metrics import rows_per_message
-
             s += f" rows/msg={rows_per_message(ps):.2f}"
+            if "server" in r:
+                s += f" server rows/msg={server_rows_per_message(r):.2f}"
+                if "seq_scans" in r["server"]:
+                    s += f" seq_scans={r['server']['seq_scans']}"
+        return s
+    if scenario == "resubscribe":
+        s = f"missed={r['missed']} delivered={r['delivered']} calls={r['calls']}"
+        b, a = r["stats_before"], r["stats_after"]
+        if a.get("rows_read") is not None and b.get("rows_read") is not None:
+            s += f" self rows={a['rows_read'] - b['rows_read']}"
+        if "server" in r:
+            s += f" server rows={r['server']['rows']}"
         return s
     if scenario == "idle":
         if "idle" not in r:
@@ -116,10 +140,16 @@ def summarize(scenario: str, r: dict[str, Any]) -> str:
         if f:
             s += f" first={f['latencies'][0]:.2f} ms" if f["latencies"] else " first=LOST"
         return s
-    if scenario == "throughput":
+    if scenario in ("throughput", "throughput_sub"):
         s = f"{r['single']['rate']:.0f}/s"
         if "many" in r:
             s += f" many={r['many']['rate']:.0f}/s"
+        if "subscriber" in r:
+            sub = r["subscriber"]
+            s += (
+                f" subscriber got {sub['calls']}/{sub['expected']}"
+                f" cpu={100 * sub['cpu_s'] / max(sub['wall_s'], 1e-9):.1f}%"
+            )
         return s
     return ""
 
@@ -216,11 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     for i, c in enumerate(contenders):
         c.prepare(tmp.name, i)
     results: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in scenarios}
+    if "throughput" in scenarios:
+        results["throughput_sub"] = {}
 
-    def record(scenario: str, c: Contender, fn: Any, *fn_args: Any) -> None:
+    def record(scenario: str, c: Contender, fn: Any, *fn_args: Any, **fn_kw: Any) -> None:
         t0 = time.monotonic()
         try:
-            r = fn(ctx, c, cfg, *fn_args)
+            r = fn(ctx, c, cfg, *fn_args, **fn_kw)
         except Exception as exc:  # noqa: BLE001 — one failure never stops the run
             r = {"error": f"{type(exc).__name__}: {exc}"}
             traceback.print_exc()
@@ -231,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     subscribable = [c for c in contenders if c.can_subscribe]
+    ours = [c for c in contenders if c.kind == "ours"]
     # firm-channel's publish path does not depend on its polling interval: measure it once.
     publishers = [c for c in contenders if not (c.kind == "firm" and c.interval != 0.1)]
+    # Ours publishes twice: alone, and with one subscriber process listening (as in an app).
+    publish_jobs = [(c, 0) for c in publishers] + [(c, 1) for c in ours]
     sustained_n = int(cfg.sustained_rate * cfg.sustained_s)
     try:
         for rnd in range(cfg.rounds):
@@ -241,6 +276,18 @@ def main(argv: list[str] | None = None) -> int:
                 for c in rotated(subscribable, rnd):
                     record(
                         "latency", c, measure_delivery, chan("lat", rnd, c), 1, cfg.lat_n, None, 60
+                    )
+            if "paced" in scenarios:
+                for c in rotated(ours, rnd):
+                    record(
+                        "paced",
+                        c,
+                        measure_delivery,
+                        chan("pac", rnd, c),
+                        1,
+                        cfg.paced_n,
+                        cfg.paced_rate,
+                        cfg.paced_n / cfg.paced_rate * 1.5 + 5,
                     )
             if "fanout" in scenarios:
                 for c in rotated(subscribable, rnd):
@@ -265,10 +312,36 @@ def main(argv: list[str] | None = None) -> int:
                         sustained_n,
                         cfg.sustained_rate,
                         cfg.sustained_s * 1.5,
+                        server=True,
                     )
+            if "bigtable" in scenarios and rnd < cfg.sustained_rounds:
+                # The same delivery on an empty table and on a prefilled one, back to back,
+                # which of the two goes first alternating by round.
+                sizes = [0, cfg.big_rows] if rnd % 2 == 0 else [cfg.big_rows, 0]
+                for c in rotated(ours, rnd):
+                    for rows in sizes:
+                        record(
+                            "bigtable",
+                            c,
+                            measure_delivery,
+                            chan(f"big{1 if rows else 0}", rnd, c),
+                            1,
+                            sustained_n,
+                            cfg.sustained_rate,
+                            cfg.sustained_s * 1.5,
+                            server=True,
+                            prefill=rows,
+                            frozen_stats=True,
+                        )
             if "throughput" in scenarios:
-                for c in rotated(publishers, rnd):
-                    record("throughput", c, measure_throughput, chan("tp", rnd, c))
+                for c, subs in rotated(publish_jobs, rnd):
+                    record(
+                        "throughput_sub" if subs else "throughput",
+                        c,
+                        measure_throughput,
+                        chan("tps" if subs else "tp", rnd, c),
+                        subs,
+                    )
             if "idle" in scenarios:
                 # firm-channel at 10 ms polling burns a tenth of a core even when idle; it idles
                 # in a group of its own so it does not tax everyone else's measurement.
@@ -284,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                         for r in windows:
                             log(f"  idle       {key:<18} {summarize('idle', r)}")
                     log(f"  idle: {len(res)} side by side [{time.monotonic() - t0:.1f} s]")
+            if "resubscribe" in scenarios:
+                for c in rotated(ours, rnd):
+                    record("resubscribe", c, measure_resubscribe, chan("res", rnd, c))
     except KeyboardInterrupt:
         notes.append("The run was interrupted; tables show the rounds that finished.")
         log("interrupted: reporting what finished")

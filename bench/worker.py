@@ -3,13 +3,16 @@
 Commands (tuples) and replies (dicts):
 
 - ``("subscribe", channel)`` — subscribe a recording callback.
+- ``("unsubscribe", channel)`` — remove it again.
 - ``("warm", channel)`` — one broadcast on a channel nobody measures.
 - ``("mark",)`` — start a measurement window: forget what was received, note CPU and counters.
-- ``("collect", expected, timeout)`` — wait (bounded) until ``expected`` distinct messages
+- ``("collect", expected, timeout[, "calls"])`` — wait (bounded) until ``expected`` distinct
+  messages (with ``"calls"``: callback calls, for loops that send one payload over and over)
   arrived since the mark, then report latencies, duplicates, CPU and rows read for the window.
 - ``("send", channel, n, gap_min, gap_max, rate, max_seconds)`` — paced broadcasts, each payload
   stamped with its sequence number and send time.
 - ``("throughput", channel, n)`` / ``("many", channel, n, batch)`` — timed publish loops.
+- ``("fill", channel, n, batch)`` — exactly ``n`` messages through ``broadcast_many``.
 - ``("close",)``.
 
 Payloads are 100 bytes: ``b"<seq:08d> <time.time():.6f> xxx…"``. ``time.time()`` is one clock
@@ -104,16 +107,20 @@ def main(spec: dict[str, Any], conn: Any) -> None:
                 # cached, so a measurement starts from a warm publisher, as in a running app.
                 adapter.broadcast(cmd[1], make_payload(0))
                 conn.send({"ok": True})
+            elif op == "unsubscribe":
+                adapter.unsubscribe(cmd[1], rec)
+                conn.send({"ok": True})
             elif op == "mark":
                 rec.reset()
                 mark = {"cpu": cpu_seconds(), "wall": time.monotonic(), "stats": stats()}
                 conn.send({"ok": True})
             elif op == "collect":
                 expected, timeout = cmd[1], cmd[2]
+                by_calls = len(cmd) > 3 and cmd[3] == "calls"
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     with rec.lock:
-                        if len(rec.seen) >= expected:
+                        if (rec.calls if by_calls else len(rec.seen)) >= expected:
                             break
                     time.sleep(0.002)
                 cpu, wall, st = cpu_seconds(), time.monotonic(), stats()
@@ -140,6 +147,13 @@ def main(spec: dict[str, Any], conn: Any) -> None:
             elif op == "many":
                 _, channel, n, batch, max_seconds = cmd
                 conn.send(timed_loop(adapter, channel, n, batch, max_seconds))
+            elif op == "fill":
+                _, channel, n, batch = cmd
+                payload = make_payload(0)
+                t0 = time.perf_counter()
+                for start in range(0, n, batch):
+                    adapter.broadcast_many([(channel, payload)] * min(batch, n - start))
+                conn.send({"n": n, "elapsed": time.perf_counter() - t0})
             elif op == "close":
                 adapter.close()
                 conn.send({"ok": True})
@@ -210,4 +224,10 @@ def timed_loop(
             adapter.broadcast_many([(channel, payload)] * batch)
             done += batch
     elapsed = time.perf_counter() - start
-    return {"n": done, "elapsed": elapsed, "rate": done / elapsed, "cpu_s": cpu_seconds() - cpu0}
+    return {
+        "n": done,
+        "warm": max(1, warm // batch) * batch,
+        "elapsed": elapsed,
+        "rate": done / elapsed,
+        "cpu_s": cpu_seconds() - cpu0,
+    }
