@@ -495,7 +495,10 @@ def _headline(contenders: list[Any], results: Results) -> str:
 
         floor = rate(f"floor/{b}")
         ours, firm = rate(f"ours/{b}"), rate(f"firm100/{b}")
-        share = f" ({100 * ours / floor:.0f} % of floor)" if not math.isnan(floor) else ""
+        share = f" ({100 * ours / floor:.0f} % of floor" if not math.isnan(floor) else ""
+        with_sub = report_cost.shares(results, b)[1]
+        if share:
+            share += f"; {with_sub:.0f} % with a subscriber)" if not math.isnan(with_sub) else ")"
         rows.append(
             [
                 BACKEND_LABEL[b],
