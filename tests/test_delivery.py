@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -338,3 +339,39 @@ def test_broadcast_many_returns_each_rows_id_in_few_round_trips(
     print(f"\n{backend}: {len(items)} rows in {len(inserts)} INSERT statements")
     if backend == "mysql" and engine.dialect._is_mariadb:  # type: ignore[attr-defined]
         assert len(inserts) <= 6
+
+
+def test_first_broadcast_of_a_process_can_join_a_transaction_that_already_wrote(
+    backend: str, make_app: Any
+) -> None:
+    """The engine is made on first use. If that first use is a broadcast joining a session
+    that has already written (on SQLite: holds the write lock), setting the database up must
+    not wait for that same session."""
+    app, db, fc = make_app()
+    with app.app_context():
+        orders = f"{fc.table.name}_orders"
+        with db.engine.begin() as conn:
+            conn.execute(sa.text(f"CREATE TABLE {orders} (id INTEGER PRIMARY KEY, v TEXT)"))
+        try:
+            assert fc.state()._pubsub is None  # nothing made yet in this process
+            db.session.execute(sa.text(f"INSERT INTO {orders} (id, v) VALUES (1, 'order')"))
+            db.session.flush()
+            started = time.monotonic()
+            msg_id = fc.broadcast("orders", "placed", session=db.session)
+            db.session.commit()
+            assert time.monotonic() - started < 2, "the broadcast waited for its own session"
+            received, callback = collector()
+            fc.subscribe("orders", callback)
+            fc.broadcast("orders", "next")
+            wait_for(lambda: received == [b"next"])
+            with db.engine.connect() as conn:
+                assert (
+                    conn.execute(
+                        sa.select(fc.table.c.payload).where(fc.table.c.id == msg_id)
+                    ).scalar()
+                    == b"placed"
+                )
+        finally:
+            db.session.rollback()
+            with db.engine.begin() as conn:
+                conn.execute(sa.text(f"DROP TABLE {orders}"))

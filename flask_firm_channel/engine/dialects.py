@@ -8,6 +8,7 @@ The listener and trimmer call these methods and never look at the dialect name t
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -30,6 +31,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
+
+log = logging.getLogger("flask_firm_channel")
 
 _ER_LOCK_WAIT_TIMEOUT = 1205
 _ER_LOCK_DEADLOCK = 1213
@@ -379,7 +382,22 @@ def notify_channel_name(table_name: str) -> str:
 def _sqlite_wal_on_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA journal_mode")
+        if str(cursor.fetchone()[0]).lower() == "wal":
+            return
+        # Switching a database to WAL needs it to itself for a moment. If another connection
+        # is inside a write transaction (the app's own session, say, when the first
+        # broadcast joins it), do not wait for it: the mode is a property of the file, and
+        # the next connection made sets it.
+        cursor.execute("PRAGMA busy_timeout")
+        busy = int(cursor.fetchone()[0])
+        cursor.execute("PRAGMA busy_timeout = 0")
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        except Exception as exc:  # noqa: BLE001 - sqlite3.OperationalError: database is locked
+            log.debug("firm-channel could not switch SQLite to WAL yet: %s", exc)
+        finally:
+            cursor.execute(f"PRAGMA busy_timeout = {busy}")
     finally:
         cursor.close()
