@@ -541,8 +541,14 @@ class Listener:
         subs = self._registry.snapshot().by_channel.get(row.channel)
         if not subs:
             return  # a channel_hash collision, or a channel unsubscribed since
-        wanted = late is not None and self._wanted(channel_hash(row.channel), row.id)
+        wanted = late is not None and (
+            not self._floors or self._wanted(channel_hash(row.channel), row.id)
+        )
         delivered = False
+        #: One Message for every caught-up subscription without a cursor of its own (no
+        #: open gap, nothing awaited): a thousand streams on a channel share it.
+        shared: Message | None = None
+        plain = not self._gaps
         for sub in subs:
             if not sub.active or sub.anchor is None:
                 continue
@@ -558,7 +564,13 @@ class Listener:
                     continue
                 awaited[1].gaps.remove([row.id])
             if sub.wants_messages:
-                self._call(sub, self._message(row, sub, caught_up=sub is not only))
+                if plain and sub is not only and id(sub) not in self._pending:
+                    if shared is None:
+                        shared = self._message(row, sub, caught_up=True)
+                    message = shared
+                else:
+                    message = self._message(row, sub, caught_up=sub is not only)
+                self._call(sub, message)
             else:
                 self._call(sub, row.payload, row.id)
             self._health.delivered += 1
