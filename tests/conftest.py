@@ -272,3 +272,18 @@ class _TracedCursor:
 
     def __iter__(self) -> Any:
         return iter(self._cursor)
+
+
+def pre_composite_table(table: sa.Table) -> sa.Table:
+    """``table`` as releases before the ``(channel_hash, id)`` index made it: the same
+    columns, with a single-column ``channel_hash`` index instead."""
+    name = table.name
+    return sa.Table(
+        name,
+        sa.MetaData(),
+        *[c._copy() for c in table.columns],
+        sa.Index(f"ix_{name}_channel", "channel"),
+        sa.Index(f"ix_{name}_channel_hash", "channel_hash"),
+        sa.Index(f"ix_{name}_created_at", "created_at"),
+        sqlite_autoincrement=True,
+    )

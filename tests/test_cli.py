@@ -19,7 +19,7 @@ from flask import Flask
 
 from flask_firm_channel import PubSub, message_table
 
-from .conftest import row_count, wait_for
+from .conftest import pre_composite_table, row_count, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -358,15 +358,7 @@ def test_create_table_upgrades_the_index_of_an_older_table(
     app, db, fc = make_app(create_table=False)
     with app.app_context():
         t = fc.table
-        old = sa.Table(
-            table_name,
-            sa.MetaData(),
-            *[c._copy() for c in t.columns],
-            sa.Index(f"ix_{table_name}_channel", "channel"),
-            sa.Index(f"ix_{table_name}_channel_hash", "channel_hash"),
-            sa.Index(f"ix_{table_name}_created_at", "created_at"),
-            sqlite_autoincrement=True,
-        )
+        old = pre_composite_table(t)
         old.create(db.engine)
         first = fc.broadcast("up", "kept")
         received: list[bytes] = []

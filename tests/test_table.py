@@ -16,7 +16,7 @@ from flask_sqlalchemy import SQLAlchemy
 
 from flask_firm_channel import FirmChannel, channel_hash
 
-from .conftest import row_count, wait_for
+from .conftest import pre_composite_table, row_count, wait_for
 
 COLUMNS = ["id", "channel", "payload", "channel_hash", "created_at"]
 
@@ -311,15 +311,7 @@ def test_alembic_autogenerate_proposes_the_index_upgrade(
 
     app, db, fc = make_app(create_table=False)
     with app.app_context():
-        old = sa.Table(
-            table_name,
-            sa.MetaData(),
-            *[c._copy() for c in fc.table.columns],
-            sa.Index(f"ix_{table_name}_channel", "channel"),
-            sa.Index(f"ix_{table_name}_channel_hash", "channel_hash"),
-            sa.Index(f"ix_{table_name}_created_at", "created_at"),
-            sqlite_autoincrement=True,
-        )
+        old = pre_composite_table(fc.table)
         old.create(db.engine)
         with db.engine.connect() as conn:
             context = MigrationContext.configure(conn)
