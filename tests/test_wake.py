@@ -455,7 +455,8 @@ def test_listen_connection_that_cannot_come_back_falls_back_to_polling(
     publisher: PubSub,
 ) -> None:
     role, url = limited_role
-    role_engine = sa.create_engine(url)
+    # No pool: an idle pooled connection would let the hint back in past the role's limit.
+    role_engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
     pubsub = PubSub(
         role_engine, table, Settings(auto_trim=False, safety_interval=NEVER, polling_interval=0.05)
     )

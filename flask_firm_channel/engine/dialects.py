@@ -49,6 +49,9 @@ class Dialect:
     wake_kind = "adaptive"
     #: Commit order equals id order (no out-of-order commits can occur).
     serial_commits = False
+    #: A SELECT with its own LIMIT can be a member of a UNION only as a subquery (SQLite);
+    #: elsewhere it goes in parentheses.
+    limit_needs_subquery_in_union = False
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -149,6 +152,7 @@ class SQLiteDialect(Dialect):
     wake_kind = "data_version"
     # SQLite has one writer at a time and the id is taken inside its write transaction.
     serial_commits = True
+    limit_needs_subquery_in_union = True
 
     def configure_engine(self, *, sqlite_wal: bool) -> None:
         if not sqlite_wal or self.memory_database():

@@ -198,11 +198,15 @@ class Reads:
                 if limit is not None:
                     # ORDER BY id LIMIT keeps every plan an ordered index range: a sequential
                     # scan would have to read the whole table before returning a row.
-                    inner = stmt.order_by(t.c.id).limit(limit).subquery(f"r{k}")
-                    stmt = select(*inner.c)
+                    stmt = stmt.order_by(t.c.id).limit(limit)
+                    if len(parts) > 1 and self._dialect.limit_needs_subquery_in_union:
+                        stmt = select(*stmt.subquery(f"r{k}").c)
             else:
                 stmt = stmt.where(t.c.id <= bindparam(f"hi{k}", type_=BigInteger))
             selects.append(stmt)
+        # One range (the steady state) is a plain SELECT. Several are a UNION ALL of them, each
+        # in parentheses where the database allows a LIMIT there: a derived table would make
+        # MariaDB build (and drop) a temporary table on every poll.
         union = selects[0] if len(selects) == 1 else union_all(*selects)
         return self._remember(shape, Compiled(union, self._engine))
 
