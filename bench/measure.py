@@ -39,6 +39,9 @@ class Config:
     big_rows: int = 1_000_000
     #: Messages broadcast while a process had no subscription, before it subscribes again.
     resub_n: int = 20_000
+    #: Share of the floor: this many pairs of back-to-back bursts (floor, ours) of this size.
+    share_pairs: int = 10
+    share_burst: int = 500
     quick: bool = False
 
 
@@ -55,6 +58,8 @@ QUICK = Config(
     paced_n=200,
     big_rows=100_000,
     resub_n=2_000,
+    share_pairs=3,
+    share_burst=200,
     quick=True,
 )
 
@@ -233,40 +238,14 @@ def close_window(
     return out
 
 
-def measure_throughput(
-    ctx: Any, c: Contender, cfg: Config, channel: str, subs: int = 0
-) -> dict[str, Any]:
-    """Timed single-row broadcasts (and batches) from one thread; with ``subs``, that many
-    subscriber processes listen on the channel meanwhile, and the first one's CPU over the
-    phase is reported (from before the loop until it has received every message)."""
+def measure_throughput(ctx: Any, c: Contender, cfg: Config, channel: str) -> dict[str, Any]:
     fleet = Fleet(ctx)
     c.setup()
     try:
-        sub_ws = fleet.spawn(c.spec, subs) if subs else []
         (pub,) = fleet.spawn(c.spec)
         fleet.ready()
-        for w in sub_ws:
-            w.call(("subscribe", channel))
-        if sub_ws:
-            time.sleep(0.3)  # let every listener thread reach its loop
-            for w in sub_ws:
-                w.call(("mark",))
         out: dict[str, Any] = {"single": pub.call(("throughput", channel, cfg.tp_n, 120), 200)}
-        if sub_ws:
-            expected = out["single"]["n"] + out["single"]["warm"]
-            got = [
-                w.call(("collect", expected, cfg.drain_s * 4, "calls"), cfg.drain_s * 4 + 30)
-                for w in sub_ws
-            ]
-            first = got[0]
-            out["subscriber"] = {
-                "expected": expected,
-                "calls": first["calls"],
-                "cpu_s": first["cpu_s"],
-                "wall_s": first["wall_s"],
-                "all_calls": [g["calls"] for g in got],
-            }
-        elif c.has_many:
+        if c.has_many:
             out["many"] = pub.call(("many", channel, cfg.tp_n, cfg.many_batch, 120), 200)
     finally:
         fleet.close()
@@ -274,10 +253,79 @@ def measure_throughput(
     return out
 
 
+def measure_share(
+    ctx: Any, c: Contender, cfg: Config, channel: str, floor: Contender, subs: int
+) -> dict[str, Any]:
+    """``broadcast()`` against the raw driver floor on the same backend, in ``share_pairs``
+    pairs of back-to-back single-thread bursts (which goes first alternates), so the load of a
+    shared machine lands on both sides of every pair alike. With ``subs``, that many
+    subscriber processes listen on the channel meanwhile; the first one's CPU is taken over
+    each of our bursts, from just before it until it has received every message."""
+    fleet = Fleet(ctx)
+    c.setup()
+    floor.setup()
+    try:
+        sub_ws = fleet.spawn(c.spec, subs) if subs else []
+        (ours,) = fleet.spawn(c.spec)
+        (raw,) = fleet.spawn(floor.spec)
+        fleet.ready()
+        for w in sub_ws:
+            w.call(("subscribe", channel))
+        if sub_ws:
+            time.sleep(0.3)  # let every listener thread reach its loop
+        pairs: list[dict[str, Any]] = []
+        cpu_s = wall_s = 0.0
+        expected = received = 0
+        for i in range(cfg.share_pairs):
+            pair: dict[str, Any] = {}
+            for side in ("floor", "ours") if i % 2 == 0 else ("ours", "floor"):
+                if side == "floor":
+                    pair["floor"] = raw.call(("throughput", channel, cfg.share_burst, 60), 120)
+                    continue
+                for w in sub_ws:
+                    w.call(("mark",))
+                pair["ours"] = ours.call(("throughput", channel, cfg.share_burst, 60), 120)
+                n = pair["ours"]["n"] + pair["ours"]["warm"]
+                got = [
+                    w.call(("collect", n, cfg.drain_s * 4, "calls"), cfg.drain_s * 4 + 30)
+                    for w in sub_ws
+                ]
+                if got:
+                    cpu_s += got[0]["cpu_s"]
+                    wall_s += got[0]["wall_s"]
+                    expected += n
+                    received += min(got[0]["calls"], n)
+            f_call, o_call = pair["floor"]["call_p50_us"], pair["ours"]["call_p50_us"]
+            pairs.append(
+                {
+                    "floor": pair["floor"]["rate"],
+                    "ours": pair["ours"]["rate"],
+                    "share": pair["ours"]["rate"] / pair["floor"]["rate"],
+                    "floor_call_us": f_call,
+                    "ours_call_us": o_call,
+                    "call_share": f_call / o_call if f_call and o_call else None,
+                }
+            )
+    finally:
+        fleet.close()
+        c.teardown()
+        floor.teardown()
+    out: dict[str, Any] = {"subs": subs, "pairs": pairs}
+    if sub_ws:
+        out["subscriber"] = {
+            "cpu_s": cpu_s,
+            "wall_s": wall_s,
+            "expected": expected,
+            "received": received,
+        }
+    return out
+
+
 def measure_resubscribe(ctx: Any, c: Contender, cfg: Config, channel: str) -> dict[str, Any]:
     """A process subscribes, unsubscribes, ``resub_n`` messages go by, it subscribes again and
     one more message comes: the rows read from the second subscription until that message
-    arrived (server-counted where the server counts, and the listener's own figure)."""
+    arrived (server-counted where the server counts, and the listener's own figure), and the
+    rows its listener read while nothing was subscribed (its own figure)."""
     fleet = Fleet(ctx)
     c.setup()
     counter = counter_for(c.spec)
@@ -292,8 +340,12 @@ def measure_resubscribe(ctx: Any, c: Contender, cfg: Config, channel: str) -> di
         pub.call(("send", channel, 1, 0, 0, None, 10), 30)
         sub.call(("collect", 1, cfg.drain_s), cfg.drain_s + 30)
         sub.call(("unsubscribe", channel))
+        sub.call(("mark",))
         missed = pub.call(("fill", channel, cfg.resub_n, 1000), 200)
-        before = counter.read() if counter else None
+        unsubscribed = sub.call(("collect", 0, 0), 30)
+        # Everything before the second subscription (the broadcaster's trims, what the
+        # listener read while nothing was subscribed) reaches the counters before the window.
+        before = counter.settle() if counter else None
         sub.call(("mark",))
         sub.call(("subscribe", channel))
         pub.call(("send", channel, 1, 0, 0, None, 10), 30)
@@ -306,6 +358,8 @@ def measure_resubscribe(ctx: Any, c: Contender, cfg: Config, channel: str) -> di
             counter.close()
     out: dict[str, Any] = {
         "missed": missed["n"],
+        "unsubscribed_before": unsubscribed["stats_before"],
+        "unsubscribed_after": unsubscribed["stats_after"],
         "delivered": got["delivered"],
         "calls": got["calls"],
         "stats_before": got["stats_before"],

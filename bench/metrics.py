@@ -88,20 +88,31 @@ def with_prefill(runs: list[dict[str, Any]] | None, rows: int) -> list[dict[str,
     return [r for r in runs or [] if "error" in r or r.get("prefill", 0) == rows]
 
 
-def throughput_sub(runs: list[dict[str, Any]] | None) -> dict[str, Any]:
-    """Single-row publish rate with a subscriber listening, and that subscriber's CPU."""
-    good = [r for r in ok_runs(runs) if "subscriber" in r]
+def share(runs: list[dict[str, Any]] | None, subs: int) -> dict[str, Any]:
+    """Paired bursts against the floor (``measure_share``) with ``subs`` subscribers: the
+    median share over every pair of every round, each round's median, the rates, and the
+    subscriber's CPU over our bursts."""
+    good = [r for r in ok_runs(runs) if r.get("subs") == subs and r.get("pairs")]
     if not good:
         return {}
-    subs = [r["subscriber"] for r in good]
-    return {
-        "single": median(r["single"]["rate"] for r in good),
-        "rounds": [r["single"]["rate"] for r in good],
-        "cpu": median(100.0 * s["cpu_s"] / max(s["wall_s"], 1e-9) for s in subs),
-        "expected": sum(s["expected"] for s in subs),
-        "delivered": sum(min(s["calls"], s["expected"]) for s in subs),
-        "extra": sum(max(0, s["calls"] - s["expected"]) for s in subs),
+    pairs = [p for r in good for p in r["pairs"]]
+    out: dict[str, Any] = {
+        "share": 100.0 * median(p["share"] for p in pairs),
+        "rounds": [100.0 * median(p["share"] for p in r["pairs"]) for r in good],
+        "floor": median(p["floor"] for p in pairs),
+        "ours": median(p["ours"] for p in pairs),
+        "pairs": len(pairs),
+        # Median call time of the floor over ours: the share once preemption is left out.
+        "call_share": 100.0 * median(p.get("call_share") for p in pairs),
+        "ours_call_us": median(p.get("ours_call_us") for p in pairs),
+        "floor_call_us": median(p.get("floor_call_us") for p in pairs),
     }
+    subs_ = [r["subscriber"] for r in good if "subscriber" in r]
+    if subs_:
+        out["cpu"] = median(100.0 * s["cpu_s"] / max(s["wall_s"], 1e-9) for s in subs_)
+        out["expected"] = sum(s["expected"] for s in subs_)
+        out["received"] = sum(s["received"] for s in subs_)
+    return out
 
 
 def resubscribe(runs: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -113,8 +124,14 @@ def resubscribe(runs: list[dict[str, Any]] | None) -> dict[str, Any]:
         b, a = r.get("stats_before") or {}, r.get("stats_after") or {}
         if a.get("rows_read") is not None and b.get("rows_read") is not None:
             own.append(a["rows_read"] - b["rows_read"])
+    idle_own = []
+    for r in good:
+        b, a = r.get("unsubscribed_before") or {}, r.get("unsubscribed_after") or {}
+        if a.get("rows_read") is not None and b.get("rows_read") is not None:
+            idle_own.append(a["rows_read"] - b["rows_read"])
     counted = [r["server"] for r in good if "server" in r]
     return {
+        "unsubscribed_rows": median(idle_own) if idle_own else math.nan,
         "missed": median(r["missed"] for r in good),
         "self_rows": median(own) if own else math.nan,
         "server_rows": median(s["rows"] for s in counted) if counted else math.nan,

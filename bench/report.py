@@ -107,8 +107,8 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
     add("")
     add("```sh")
     add("pip install -e '.[postgres,mysql,bench]'")
-    add("python -m bench            # full run, ~13 min: docs/benchmarks.md, docs/latency.png")
-    add("python -m bench --quick    # smoke run, < 2 min; writes to bench/results/quick/")
+    add("python -m bench            # full run, ~20 min: docs/benchmarks.md, docs/latency.png")
+    add("python -m bench --quick    # smoke run, ~2 min; writes to bench/results/quick/")
     add("python -m bench --only sqlite,redis --scenarios latency,idle")
     add("```")
     add("")
@@ -164,7 +164,7 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         add(
             "Rows read are counted by the database server (see the sustained-load section); "
             "the publish share is measured with one subscriber process listening (see "
-            "“Publishing with one subscriber process attached”)."
+            "“Share of the floor, alone and with one subscriber process attached”)."
         )
         add("")
 
@@ -394,7 +394,7 @@ def render(contenders: list[Any], results: Results, meta: dict[str, Any], cfg: A
         )
         add("")
 
-    if results.get("throughput_sub") and ours:
+    if results.get("share") and ours:
         add(report_cost.publish_with_subscriber(ours, results, cfg))
         add("")
 
@@ -547,8 +547,6 @@ def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
     lat = [delivery(results.get("latency", {}).get(c.key)) for c in ours]
     idl = [idle(results.get("idle", {}).get(c.key)) for c in ours]
     sus = [delivery(results.get("sustained", {}).get(c.key)) for c in ours]
-    tp = [throughput(results.get("throughput", {}).get(c.key)) for c in ours]
-    fl = [throughput(results.get("throughput", {}).get(f"floor/{c.backend}")) for c in ours]
     rows.append(
         ["cross-process p50 under traffic"]
         + [
@@ -570,10 +568,8 @@ def _targets(ours: list[Any], results: Results, contenders: list[Any]) -> str:
             for c, m in zip(ours, idl, strict=True)
         ]
     )
-    shares = [
-        100 * t["single"] / f["single"] if t and f else math.nan
-        for t, f in zip(tp, fl, strict=True)
-    ]
+    # The paired bursts against the floor where they were measured, else the throughput table.
+    shares = [report_cost.shares(results, c.backend)[0] for c in ours]
     rows.append(
         ["single-thread broadcast, share of floor"]
         + [

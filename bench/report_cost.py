@@ -16,8 +16,8 @@ from .metrics import (
     idle,
     ok_runs,
     resubscribe,
+    share,
     throughput,
-    throughput_sub,
     with_prefill,
 )
 
@@ -106,18 +106,18 @@ def big(results: Results, key: str, prefilled: bool) -> dict[str, Any]:
 
 
 def shares(results: Results, backend: str) -> tuple[float, float, list[float]]:
-    """Share of the floor alone and with a subscriber (medians), and per-round shares with."""
-    floor_runs = ok_runs(results.get("throughput", {}).get(f"floor/{backend}"))
-    floor = throughput(floor_runs).get("single", math.nan)
-    alone = throughput(results.get("throughput", {}).get(f"ours/{backend}")).get("single", math.nan)
-    sub = throughput_sub(results.get("throughput_sub", {}).get(f"ours/{backend}"))
-    with_sub = sub.get("single", math.nan)
-    rounds: list[float] = []
-    floor_rates = [r["single"]["rate"] for r in floor_runs]
-    if sub and len(sub["rounds"]) == len(floor_rates):
-        rounds = [100 * s / f for s, f in zip(sub["rounds"], floor_rates, strict=True)]
-    pct = (lambda v: 100 * v / floor) if floor and not math.isnan(floor) else (lambda v: math.nan)
-    return pct(alone), pct(with_sub), rounds
+    """Our share of the floor (%) alone and with one subscriber attached, from the paired
+    bursts (alone: from the throughput table where no pairs were measured), and the
+    per-round shares with the subscriber."""
+    runs = results.get("share", {}).get(f"ours/{backend}")
+    alone, with_sub = share(runs, 0), share(runs, 1)
+    if alone:
+        alone_pct = alone["share"]
+    else:
+        floor = throughput(results.get("throughput", {}).get(f"floor/{backend}")).get("single")
+        ours = throughput(results.get("throughput", {}).get(f"ours/{backend}")).get("single")
+        alone_pct = 100 * ours / floor if floor and ours else math.nan
+    return alone_pct, with_sub.get("share", math.nan), with_sub.get("rounds", [])
 
 
 # -- sections ---------------------------------------------------------------------------------
@@ -134,7 +134,9 @@ def targets(ours: list[Any], results: Results) -> str:
     def share_cell(c: Any) -> str:
         _, with_sub, rounds = shares(results, c.backend)
         text = check(with_sub, SHARE_WITH_SUB[c.backend], " %", higher=True, digits=0)
-        return with_rounds(text, rounds, 0)
+        text = with_rounds(text, rounds, 0)
+        call = share(results.get("share", {}).get(c.key), 1).get("call_share", math.nan)
+        return text + (f"; call-time share {call:.0f} %" if not math.isnan(call) else "")
 
     row("`broadcast()` share of the floor, one subscriber process attached", share_cell)
 
@@ -325,54 +327,69 @@ def bigtable_section(ours: list[Any], results: Results, cfg: Any) -> str:
 
 def publish_with_subscriber(ours: list[Any], results: Results, cfg: Any) -> str:
     lines = [
-        f"## Publishing with one subscriber process attached ({cfg.tp_n:,} messages, one thread)",
+        "## Share of the floor, alone and with one subscriber process attached",
         "",
-        "The throughput phase again for flask-firm-channel, with one subscriber process "
-        "subscribed to the channel, as in any running app, interleaved with the floor and the "
-        "measurements above (same rounds, rotating order). Share: against the floor's median on "
-        "the same backend (the floor has no subscriber; its table carries the same three "
-        "indexes, `(channel_hash, id)` included; on SQLite it runs in WAL with "
-        "`synchronous=NORMAL`, as flask-firm-channel sets them). Subscriber CPU: the whole "
-        "subscriber process from just before the loop until it had received every message, % of "
-        "one core.",
+        f"flask-firm-channel's single-thread `broadcast()` against the raw driver floor on the "
+        f"same backend, in {cfg.share_pairs} pairs of back-to-back bursts of "
+        f"{cfg.share_burst:,} messages per round (which goes first alternates), so whatever "
+        "else the machine is doing lands on both sides of a pair alike; once with nobody "
+        "listening and once with one subscriber process subscribed to the channel, as in any "
+        "running app. Share: the median over all pairs of our rate divided by the floor's. The "
+        "floor has no subscriber; its table carries the same three indexes, `(channel_hash, id)` "
+        "included; on SQLite it runs in WAL with `synchronous=NORMAL`, as flask-firm-channel "
+        "sets them. Subscriber CPU: the whole subscriber process over each of our bursts, from "
+        "just before it until it had received every message, % of one core.",
         "",
     ]
     rows = []
     for c in ours:
         b = c.backend
-        floor = throughput(results.get("throughput", {}).get(f"floor/{b}")).get("single", math.nan)
-        alone = throughput(results.get("throughput", {}).get(c.key)).get("single", math.nan)
-        sub = throughput_sub(results.get("throughput_sub", {}).get(c.key))
-        share_alone, share_sub, rounds = shares(results, b)
-        if not sub:
-            rows.append([BACKEND_LABEL[b], fmt(floor), fmt(alone), "error"])
-            continue
-        rows.append(
-            [
-                BACKEND_LABEL[b],
-                fmt(floor),
-                f"{fmt(alone)} ({fmt(share_alone, 0)} %)",
-                f"{fmt(sub['single'])} ({fmt(share_sub, 0)} %)",
-                " · ".join(f"{r:.0f} %" for r in rounds) if rounds else "—",
-                f"≥ {SHARE_WITH_SUB[b]:g} %",
-                fmt(sub["cpu"], 1),
-                f"{sub['delivered']}/{sub['expected']}",
-            ]
-        )
+        runs = results.get("share", {}).get(c.key)
+        for subs in (0, 1):
+            m = share(runs, subs)
+            who = "none" if subs == 0 else "1 process"
+            if not m:
+                rows.append([BACKEND_LABEL[b], who, "error"])
+                continue
+            rows.append(
+                [
+                    BACKEND_LABEL[b],
+                    who,
+                    fmt(m["floor"], 0),
+                    fmt(m["ours"], 0),
+                    f"**{m['share']:.0f} %**",
+                    " · ".join(f"{r:.0f} %" for r in m["rounds"]),
+                    f"{fmt(m['call_share'], 0)} %",
+                    f"{fmt(m['ours_call_us'], 0)} / {fmt(m['floor_call_us'], 0)}",
+                    f"≥ {SHARE_WITH_SUB[b]:g} %" if subs else "",
+                    fmt(m.get("cpu", math.nan), 1) if subs else "",
+                    f"{m['received']}/{m['expected']}" if subs else "",
+                ]
+            )
     lines.append(
         table(
             [
                 "backend",
+                "subscriber",
                 "floor msg/s",
-                "`broadcast()` alone msg/s (share)",
-                "with 1 subscriber msg/s (share)",
-                "share with subscriber, per round",
+                "`broadcast()` msg/s",
+                "share",
+                "share per round",
+                "call-time share",
+                "median call µs, ours / floor",
                 "target",
                 "subscriber CPU %",
                 "delivered/sent",
             ],
             rows,
         )
+    )
+    lines.append("")
+    lines.append(
+        "msg/s: medians over the bursts. Call-time share: the floor's median single-call time "
+        "over ours, pair by pair (median of the pairs): what the share would be with nothing "
+        "else taking the CPU, as a check on the throughput share, which a busy machine moves "
+        "by a factor of two from one burst to the next."
     )
     return "\n".join(lines)
 
@@ -433,8 +450,10 @@ def resubscribe_section(ours: list[Any], results: Results) -> str:
         "A subscriber process subscribes, receives one message and unsubscribes; the "
         f"broadcaster sends {missed:,} messages on that channel (`broadcast_many`, 1,000 a "
         "call); the process subscribes again and one more message is sent. Rows read from the "
-        "second subscription until that message arrived; replayed: messages from before the "
-        "second subscription that reached it (there should be none).",
+        "second subscription until that message arrived (on PostgreSQL the window opens after "
+        "its 10 s idle flush, so reads from before it are not counted in it); while "
+        "unsubscribed: what the listener read meanwhile, by its own count; replayed: messages "
+        "from before the second subscription that reached it (there should be none).",
         "",
     ]
     rows = []
@@ -452,6 +471,7 @@ def resubscribe_section(ours: list[Any], results: Results) -> str:
                 server,
                 fmt(m["seq_scans"], 0) if c.backend == "postgres" else "—",
                 fmt(m["self_rows"], 0),
+                fmt(m["unsubscribed_rows"], 0),
                 str(m["replayed"]),
                 f"{m['delivered']}/{m['runs']}",
             ]
@@ -463,6 +483,7 @@ def resubscribe_section(ours: list[Any], results: Results) -> str:
                 "rows read, server-counted",
                 "sequential scans",
                 "rows read, self-reported",
+                "rows read while unsubscribed, self-reported",
                 "replayed",
                 "delivered/sent",
             ],

@@ -26,6 +26,7 @@ from .measure import (
     measure_delivery,
     measure_idle,
     measure_resubscribe,
+    measure_share,
     measure_throughput,
     rotated,
 )
@@ -140,14 +141,27 @@ def summarize(scenario: str, r: dict[str, Any]) -> str:
         if f:
             s += f" first={f['latencies'][0]:.2f} ms" if f["latencies"] else " first=LOST"
         return s
-    if scenario in ("throughput", "throughput_sub"):
+    if scenario == "throughput":
         s = f"{r['single']['rate']:.0f}/s"
         if "many" in r:
             s += f" many={r['many']['rate']:.0f}/s"
+        return s
+    if scenario == "share":
+        from .metrics import median
+
+        ps = r["pairs"]
+        each = " ".join(f"{100 * p['share']:.0f}" for p in ps)
+        ours_rate = median(p["ours"] for p in ps)
+        floor_rate = median(p["floor"] for p in ps)
+        s = (
+            f"subs={r['subs']} share={100 * median(p['share'] for p in ps):.0f}% "
+            f"(pairs {each}) ours={ours_rate:.0f}/s floor={floor_rate:.0f}/s"
+            f" call-time share={100 * median(p.get('call_share') for p in ps):.0f}%"
+        )
         if "subscriber" in r:
             sub = r["subscriber"]
             s += (
-                f" subscriber got {sub['calls']}/{sub['expected']}"
+                f" subscriber got {sub['received']}/{sub['expected']}"
                 f" cpu={100 * sub['cpu_s'] / max(sub['wall_s'], 1e-9):.1f}%"
             )
         return s
@@ -162,7 +176,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench",
         description="flask-firm-channel vs firm-channel 1.0.0, Redis, LISTEN/NOTIFY, raw floor.",
     )
-    p.add_argument("--quick", action="store_true", help="small counts, one round (< 2 min)")
+    p.add_argument("--quick", action="store_true", help="small counts, one round (about 2 min)")
     p.add_argument(
         "--only",
         help="comma list of backends/kinds/keys: sqlite,postgres,mariadb,"
@@ -247,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         c.prepare(tmp.name, i)
     results: dict[str, dict[str, list[dict[str, Any]]]] = {s: {} for s in scenarios}
     if "throughput" in scenarios:
-        results["throughput_sub"] = {}
+        results["share"] = {}
 
     def record(scenario: str, c: Contender, fn: Any, *fn_args: Any, **fn_kw: Any) -> None:
         t0 = time.monotonic()
@@ -266,8 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = [c for c in contenders if c.kind == "ours"]
     # firm-channel's publish path does not depend on its polling interval: measure it once.
     publishers = [c for c in contenders if not (c.kind == "firm" and c.interval != 0.1)]
-    # Ours publishes twice: alone, and with one subscriber process listening (as in an app).
-    publish_jobs = [(c, 0) for c in publishers] + [(c, 1) for c in ours]
+    floors = {c.backend: c for c in contenders if c.kind == "floor"}
     sustained_n = int(cfg.sustained_rate * cfg.sustained_s)
     try:
         for rnd in range(cfg.rounds):
@@ -334,14 +347,20 @@ def main(argv: list[str] | None = None) -> int:
                             frozen_stats=True,
                         )
             if "throughput" in scenarios:
-                for c, subs in rotated(publish_jobs, rnd):
-                    record(
-                        "throughput_sub" if subs else "throughput",
-                        c,
-                        measure_throughput,
-                        chan("tps" if subs else "tp", rnd, c),
-                        subs,
-                    )
+                for c in rotated(publishers, rnd):
+                    record("throughput", c, measure_throughput, chan("tp", rnd, c))
+                # Our share of the floor in paired bursts: alone, and with one subscriber
+                # process listening (as in an app).
+                for c in rotated([c for c in ours if c.backend in floors], rnd):
+                    for subs in (0, 1) if rnd % 2 == 0 else (1, 0):
+                        record(
+                            "share",
+                            c,
+                            measure_share,
+                            chan(f"sh{subs}", rnd, c),
+                            floors[c.backend],
+                            subs,
+                        )
             if "idle" in scenarios:
                 # firm-channel at 10 ms polling burns a tenth of a core even when idle; it idles
                 # in a group of its own so it does not tax everyone else's measurement.

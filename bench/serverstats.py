@@ -21,8 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: PostgreSQL flushes a backend's table statistics at most once a second.
+#: PostgreSQL flushes a backend's table statistics at most once a second...
 PG_FLUSH_S = 1.1
+#: ... and an idle backend's last ones after 10 s.
+PG_IDLE_FLUSH_S = 10.5
 
 
 class TableCounter:
@@ -124,6 +126,13 @@ class TableCounter:
         before = self.read()
         poke()
         return self.wait_moved(before, timeout=5.0)
+
+    def settle(self) -> dict[str, int]:
+        """The counters once every backend has flushed what it did so far, without making
+        anyone run anything: on PostgreSQL, after its idle flush interval."""
+        if self.lazy:
+            time.sleep(PG_IDLE_FLUSH_S)  # PostgreSQL's own flush pace, not a condition
+        return self.read()
 
     def close(self) -> None:
         try:

@@ -213,21 +213,28 @@ def timed_loop(
             adapter.broadcast(channel, payload)
         else:
             adapter.broadcast_many([(channel, payload)] * batch)
+    calls: list[float] = []
+    clock = time.perf_counter
     cpu0 = cpu_seconds()
-    start = time.perf_counter()
+    start = clock()
     done = 0
-    while done < n and time.perf_counter() - start < max_seconds:
+    while done < n and clock() - start < max_seconds:
         if batch == 1:
+            t0 = clock()
             adapter.broadcast(channel, payload)
+            calls.append(clock() - t0)
             done += 1
         else:
             adapter.broadcast_many([(channel, payload)] * batch)
             done += batch
-    elapsed = time.perf_counter() - start
+    elapsed = clock() - start
+    calls.sort()
     return {
         "n": done,
         "warm": max(1, warm // batch) * batch,
         "elapsed": elapsed,
         "rate": done / elapsed,
         "cpu_s": cpu_seconds() - cpu0,
+        # The median single call: what a broadcast costs when nothing else takes the CPU.
+        "call_p50_us": calls[len(calls) // 2] * 1e6 if calls else None,
     }
