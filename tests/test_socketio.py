@@ -135,7 +135,7 @@ class Peer:
         self.events: list[tuple[str, Any]] = []
         self.lock = threading.Lock()
         self.disconnected = threading.Event()
-        self.sio = socketio.Client(reconnection=False)
+        self.sio = socketio.Client(reconnection=False, request_timeout=DEADLINE)
         self.sio.on("*", self._record)
         self.sio.on("disconnect", lambda *reason: self.disconnected.set())
         if answer:
