@@ -45,6 +45,16 @@ CONTENDERS = [
     ("Flask-SocketIO RedisManager", "Redis"),
 ]
 DB_URLS = {"PostgreSQL": PG_URL, "MariaDB": MARIADB_URL}
+PACKAGES = ("Flask-SocketIO", "python-socketio", "python-engineio", "websocket-client", "redis")
+
+
+def version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "-"
 
 
 def free_port() -> int:
@@ -216,6 +226,12 @@ def report(tallies: list[Tally], args: argparse.Namespace, load: tuple[str, str]
         f" {args.rate:g}/s to {args.clients} clients ({args.clients // 2} on each of two servers),"
         f" after {args.warmup} warm-up messages; the contenders interleaved round by round."
         f" Load average (1 min) before the run: {load[0]}, after: {load[1]}.",
+        "",
+        "Versions: "
+        + ", ".join(f"{name} {version(name)}" for name in PACKAGES)
+        + "; "
+        + ", ".join(f"{k} {v}" for k, v in info.get("servers", {}).items())
+        + ".",
         "",
         "| contender | queue | other server's clients p50 / p99 | all deliveries p50 / p99"
         " | every client had it p50 / p99 | delivered | lost | duplicates |",
