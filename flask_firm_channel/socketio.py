@@ -306,7 +306,7 @@ class FirmChannelManager(PubSubManager):
 
     def _waiter(self) -> Callable[[Consumer], Item | None]:
         """How the server's task waits for the next message. The listener thread fills the
-        consumer's queue with the standard library's locks: with threads, or under gevent
+        consumer's queue and sets a standard library event: with threads, or under gevent
         or eventlet when they patched ``threading`` (then the listener is a greenlet too),
         the task waits on it directly; under gevent or eventlet without that patch the
         wait runs in the hub's thread pool, so the hub carries on meanwhile."""
