@@ -230,7 +230,7 @@ def report(tallies: list[Tally], args: argparse.Namespace, load: tuple[str, str]
         "Versions: "
         + ", ".join(f"{name} {version(name)}" for name in PACKAGES)
         + "; "
-        + ", ".join(f"{k} {v}" for k, v in info.get("servers", {}).items())
+        + ", ".join(v if v.startswith(k) else f"{k} {v}" for k, v in info["servers"].items())
         + ".",
         "",
         "| contender | queue | other server's clients p50 / p99 | all deliveries p50 / p99"
