@@ -493,7 +493,10 @@ def test_gevent_without_monkey_patching_hands_messages_over_through_the_hub(
         assert a1.got("back") == c1.got("back") == expected
         wait_for(lambda: c.get("/answers"), timeout=DEADLINE)
         assert c.get("/answers") == [{"tag": "ca", "args": [{"answer": "from C", "by": "a1"}]}]
-        assert hub_blocked_by(c.log_text()) == []
+        # Unpatched, C's own INSERTs do hold its hub while they run (a request's database
+        # call cannot yield): what must never show is the manager waiting for a message.
+        waiting = [s for s in hub_blocked_by(c.log_text()) if "fanout.py" in s or "_listen" in s]
+        assert waiting == []
     finally:
         c.stop()
 
