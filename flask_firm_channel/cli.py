@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import re
 import time
 from datetime import timedelta
+from typing import Any
 
 import click
 from flask import current_app
 from flask.cli import AppGroup
-from sqlalchemy import inspect
+from sqlalchemy import func, inspect, select
+from sqlalchemy.exc import SQLAlchemyError
 
+from .engine import PubSub
+from .engine.errors import database_errors, one_line
 from .engine.stats import channel_stats, table_stats
 from .engine.table import upgrade_indexes
 
-firm_channel_cli = AppGroup(
+
+class _Commands(AppGroup):
+    """A database error in any subcommand is one line on stderr and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SQLAlchemyError as exc:
+            raise click.ClickException(one_line(exc)) from None
+
+
+firm_channel_cli = _Commands(
     "firm-channel", help="Database-backed pub/sub: table, trim, tail, stats."
 )
 
@@ -94,12 +110,39 @@ def tail(
     channel: tuple[str, ...], count: int | None, timeout: timedelta | None, as_hex: bool
 ) -> None:
     """Print messages on CHANNEL(s) as they arrive, until Ctrl-C."""
-    pubsub = _pubsub()
+    shared = _pubsub()
+    # A PubSub of its own: the app's subscriptions (made by its factory, say) stay in the
+    # app's, so an operator tailing a channel never runs the app's callbacks.
+    pubsub = PubSub(shared.engine, shared.table, shared.settings, autostart=False)
+    try:
+        _check_table(pubsub)
+        _tail(pubsub, channel, count, timeout, as_hex)
+    finally:
+        pubsub.close()
+
+
+def _put(received: queue.SimpleQueue[tuple[str, bytes]], name: str, payload: bytes) -> None:
+    received.put((name, payload))
+
+
+def _check_table(pubsub: PubSub) -> None:
+    """Fail now, with the database's error, rather than have the listener retry it."""
+    with database_errors(pubsub.dialect, pubsub.table.name), pubsub.engine.connect() as conn:
+        conn.execute(select(func.max(pubsub.table.c.id)))
+
+
+def _tail(
+    pubsub: PubSub,
+    channel: tuple[str, ...],
+    count: int | None,
+    timeout: timedelta | None,
+    as_hex: bool,
+) -> None:
     received: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
     subs = []
     for name in channel:
         try:
-            subs.append(pubsub.subscribe(name, lambda p, n=name: received.put((n, p))))
+            subs.append(pubsub.subscribe(name, functools.partial(_put, received, name)))
         except (TypeError, ValueError) as exc:
             raise click.UsageError(str(exc)) from None
     pubsub.start()
@@ -132,7 +175,7 @@ def tail(
 def stats(limit: int) -> None:
     """Show message counts, sizes, ages and the busiest channels."""
     pubsub = _pubsub()
-    with pubsub.engine.connect() as conn:
+    with database_errors(pubsub.dialect, pubsub.table.name), pubsub.engine.connect() as conn:
         summary = table_stats(conn, pubsub.table, pubsub.trimmer.cutoff())
         top = channel_stats(conn, pubsub.table, limit) if summary.messages else []
     retention = timedelta(seconds=pubsub.settings.message_retention)

@@ -3,7 +3,9 @@
 ``flask --app tests.cli_app ...`` with the database URL and table name in
 ``FIRM_CHANNEL_TEST_DB_URL`` / ``FIRM_CHANNEL_TEST_TABLE``. With
 ``FIRM_CHANNEL_TEST_SUBSCRIBE_AT_BOOT`` set, the app subscribes while it is created (as an app
-that follows a channel would); ``FIRM_CHANNEL_TEST_REPORT_THREADS`` makes the process list its
+that follows a channel would); ``FIRM_CHANNEL_TEST_CALLBACK_MARKER`` (a file) and
+``FIRM_CHANNEL_TEST_CALLBACK_CHANNEL`` subscribe a callback that appends each payload to that
+file; ``FIRM_CHANNEL_TEST_REPORT_THREADS`` makes the process list its
 threads on stderr at exit, after whatever command it ran.
 """
 
@@ -34,6 +36,17 @@ def create_app() -> Flask:
     if os.environ.get("FIRM_CHANNEL_TEST_SUBSCRIBE_AT_BOOT"):
         with app.app_context():
             firm_channel.subscribe("boot", lambda payload: None)
+
+    marker = os.environ.get("FIRM_CHANNEL_TEST_CALLBACK_MARKER")
+    if marker:
+        # The app's own subscriber, with a side effect a tailing operator must never cause
+        # (think of one that sends mail).
+        def write_marker(payload: bytes) -> None:
+            with open(marker, "ab") as f:
+                f.write(payload + b"\n")
+
+        with app.app_context():
+            firm_channel.subscribe(os.environ["FIRM_CHANNEL_TEST_CALLBACK_CHANNEL"], write_marker)
 
     if os.environ.get("FIRM_CHANNEL_TEST_REPORT_THREADS"):
         atexit.register(

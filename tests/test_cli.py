@@ -18,6 +18,7 @@ from click.testing import Result
 from flask import Flask
 
 from flask_firm_channel import PubSub, message_table
+from flask_firm_channel.engine.pubsub import _instances as pubsub_instances
 
 from .conftest import pre_composite_table, row_count, wait_for
 
@@ -147,9 +148,17 @@ def _tail_with_producer(
         pubsub = fc.pubsub()
     errors: list[BaseException] = []
 
+    def tailing() -> bool:
+        # tail listens through a PubSub of its own, never the app's (see test_cli_tail.py).
+        return any(
+            p is not pubsub and p.subscription_count == channels and p.listening
+            for p in list(pubsub_instances)
+            if p.table is pubsub.table
+        )
+
     def produce() -> None:
         try:
-            wait_for(lambda: pubsub.subscription_count == channels and pubsub.listening, timeout=15)
+            wait_for(tailing, timeout=15)
             for channel, payload in messages:
                 pubsub.broadcast(channel, payload)
         except BaseException as exc:  # noqa: BLE001 - reported by the test

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .cursor import Cursor
+from .errors import MissingTableError
 from .health import ListenerHealth
 from .message import HistoryTrimmed, Message
 from .pubsub import PubSub
@@ -17,6 +18,7 @@ __all__ = [
     "HistoryTrimmed",
     "ListenerHealth",
     "Message",
+    "MissingTableError",
     "PubSub",
     "Settings",
     "Subscription",

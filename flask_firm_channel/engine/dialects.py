@@ -36,6 +36,8 @@ log = logging.getLogger("flask_firm_channel")
 
 _ER_LOCK_WAIT_TIMEOUT = 1205
 _ER_LOCK_DEADLOCK = 1213
+_ER_NO_SUCH_TABLE = 1146
+_UNDEFINED_TABLE = "42P01"
 
 #: Names of the values a broadcast statement binds, in the order the columns are listed.
 INSERT_PARAMS = ("p_channel", "p_payload", "p_channel_hash", "p_created_at")
@@ -140,6 +142,18 @@ class Dialect:
         conn.rollback()
         conn.autocommit = True
 
+    def missing_table(self, orig: BaseException) -> bool:
+        """The driver's error ``orig`` says the table does not exist."""
+        return False
+
+    def is_disconnect(self, orig: BaseException) -> bool:
+        """The driver's error ``orig`` means the connection is gone (a restart, a kill, an
+        idle timeout): nothing more can be done on it."""
+        try:
+            return bool(self.engine.dialect.is_disconnect(orig, None, None))  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - a dialect that cannot tell: assume not
+            return False
+
     def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
         """The database rolled the transaction back as a deadlock or serialization failure
         (SQLSTATE class 40): nothing was written, so it may simply be tried again."""
@@ -182,6 +196,13 @@ class SQLiteDialect(Dialect):
     def prepare_reader(self, conn: Any) -> None:
         conn.isolation_level = None
 
+    def missing_table(self, orig: BaseException) -> bool:
+        # sqlite3 has no error codes for this before Python 3.11's sqlite_errorname, and
+        # then only SQLITE_ERROR: the message is what there is.
+        return type(orig).__name__ == "OperationalError" and str(orig).startswith(
+            "no such table"
+        )
+
     def memory_database(self) -> bool:
         database = self.engine.url.database or ""
         return database in ("", ":memory:") or "mode=memory" in str(self.engine.url)
@@ -219,6 +240,9 @@ class PostgreSQLDialect(Dialect):
 
     def returns_id(self, *, notify: bool) -> bool:
         return True
+
+    def missing_table(self, orig: BaseException) -> bool:
+        return getattr(orig, "sqlstate", None) == _UNDEFINED_TABLE
 
     def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
         # psycopg pipelines an executemany: every row in one round trip, each result kept.
@@ -283,6 +307,10 @@ class MySQLDialect(Dialect):
     def prepare_reader(self, conn: Any) -> None:
         conn.rollback()
         conn.autocommit(True)
+
+    def missing_table(self, orig: BaseException) -> bool:
+        args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+        return bool(args) and args[0] == _ER_NO_SUCH_TABLE
 
     def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
         # MariaDB 10.5+ returns every row's id from one multi-row INSERT ... RETURNING, in

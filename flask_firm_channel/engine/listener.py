@@ -33,6 +33,7 @@ from sqlalchemy import Engine, Table
 
 from .cursor import Cursor
 from .dialects import Dialect
+from .errors import PollErrors
 from .gaps import GapList
 from .health import ListenerHealth
 from .message import HistoryTrimmed, Message
@@ -109,6 +110,7 @@ class Listener:
         #: Subscriptions waiting for their catch-up, oldest first.
         self._starting: list[Subscription] = []
         self._health = ListenerHealth(wake_mode=hint.mode)
+        self._poll_errors = PollErrors(dialect, table.name)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -245,6 +247,7 @@ class Listener:
                         else self._settings.polling_interval
                     )
                     next_safety_poll = time.monotonic() + pace
+                    self._poll_errors.recovered()
                 backoff = 0.0
             except Exception as exc:
                 self._more = False
@@ -252,7 +255,7 @@ class Listener:
                 self._health.last_error = f"{type(exc).__name__}: {exc}"
                 self._health.last_error_at = time.time()
                 backoff = min(max(backoff * 2, 0.05), 5.0)
-                log.exception("firm-channel listener poll failed; retrying in %.2fs", backoff)
+                self._poll_errors.report(exc, backoff)
                 with self._busy:
                     self._reads.close()
                 self._wake.wait(backoff)
@@ -309,7 +312,8 @@ class Listener:
             first_id = self._reads.first_id_since(sub.since)
             sub.anchor = max_id if first_id is None else first_id - 1
         if self._high_water is None:
-            self._check_indexes()
+            if not self._poll_errors.saw_missing_table:
+                self._check_indexes()
             # Start below the oldest anchor, so a subscription made before this listener
             # existed (for instance in a gunicorn master before the fork) loses nothing.
             anchors = [s.anchor for s in snap.subs if s.anchor is not None]

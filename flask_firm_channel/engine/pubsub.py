@@ -15,6 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .connections import keep_inherited
 from .cursor import Cursor
 from .dialects import dialect_for
+from .errors import database_errors
 from .health import ListenerHealth
 from .heartbeat import Heartbeat
 from .listener import Listener
@@ -82,7 +83,8 @@ class PubSub:
     ) -> list[int]:
         """Broadcast several messages in one transaction; return their ids in order.
 
-        Every message is validated before anything is written.
+        Every message is validated before anything is written. Database errors are raised as
+        SQLAlchemy's ``DBAPIError`` (:class:`MissingTableError` for a missing table).
         """
         rows = [
             (encode_channel(ch), encode_payload(p, self.settings.max_payload_size))
@@ -90,7 +92,8 @@ class PubSub:
         ]
         if not rows:
             return []
-        ids = self._publisher.publish(rows, connection)
+        with database_errors(self.dialect, self.table.name):
+            ids = self._publisher.publish(rows, connection)
         followed = self._registry.snapshot().by_channel
         if connection is None and any(channel in followed for channel, _ in rows):
             self._wake_listener()
@@ -261,7 +264,8 @@ class PubSub:
     ) -> int:
         """Delete every message older than ``older_than`` (default: the retention) in batches;
         return how many went (with ``dry_run``, how many would)."""
-        return self._trimmer.trim(older_than, batch_size, dry_run)
+        with database_errors(self.dialect, self.table.name):
+            return self._trimmer.trim(older_than, batch_size, dry_run)
 
     @property
     def trimmer(self) -> Trimmer:

@@ -1,0 +1,129 @@
+"""The one exception family of every call that touches the database.
+
+Driver errors reach callers as SQLAlchemy's :class:`~sqlalchemy.exc.DBAPIError` (its usual
+subclasses, ``OperationalError`` and so on, with the driver's error as ``.orig``), whichever the
+backend and whether or not SQLAlchemy made the connection: the publish path keeps driver
+connections of its own, whose errors would otherwise escape as ``psycopg.OperationalError`` or
+``pymysql.err.OperationalError``. A missing message table is :class:`MissingTableError`, whose
+message says what to run.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy.exc import DBAPIError
+
+from .dialects import Dialect
+
+log = logging.getLogger("flask_firm_channel")
+
+
+def create_table_hint(table_name: str) -> str:
+    return (
+        f"table {table_name} does not exist: run `flask firm-channel create-table`"
+        " or `db.create_all()`"
+    )
+
+
+class MissingTableError(DBAPIError):
+    """The message table does not exist (yet). ``.table_name`` names it; ``.orig`` is the
+    driver's error."""
+
+    def __init__(
+        self, table_name: str, orig: BaseException, statement: str | None = None
+    ) -> None:
+        super().__init__(statement, None, orig)
+        self.table_name = table_name
+        # Replaces the driver's text as the first line of the message, which it still ends.
+        self.args = (
+            f"{create_table_hint(table_name)} ({type(orig).__module__}."
+            f"{type(orig).__name__}: {str(orig).strip()})",
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return self.__class__, (self.table_name, self.orig, self.statement)
+
+
+def as_dbapi_error(exc: BaseException, dialect: Dialect, table_name: str) -> DBAPIError | None:
+    """``exc`` as a member of the family, or None if it is not a database error."""
+    if isinstance(exc, MissingTableError):
+        return exc
+    engine_dialect = dialect.engine.dialect
+    if isinstance(exc, DBAPIError):
+        if exc.orig is not None and dialect.missing_table(exc.orig):
+            return MissingTableError(table_name, exc.orig, exc.statement)
+        return exc
+    dbapi = getattr(engine_dialect, "loaded_dbapi", None)
+    if dbapi is None or not isinstance(exc, dbapi.Error):
+        return None
+    if dialect.missing_table(exc):
+        return MissingTableError(table_name, exc)
+    wrapped = DBAPIError.instance(
+        None,
+        None,
+        exc,
+        dbapi.Error,
+        connection_invalidated=dialect.is_disconnect(exc),
+        dialect=engine_dialect,
+    )
+    assert isinstance(wrapped, DBAPIError)
+    return wrapped
+
+
+@contextmanager
+def database_errors(dialect: Dialect, table_name: str) -> Iterator[None]:
+    """Raise every database error inside the block as a :class:`DBAPIError`."""
+    try:
+        yield
+    except Exception as exc:
+        wrapped = as_dbapi_error(exc, dialect, table_name)
+        if wrapped is None or wrapped is exc:
+            raise
+        raise wrapped from exc
+
+
+def one_line(exc: BaseException) -> str:
+    """A database error as one line for a terminal: no SQL, no traceback, no background link."""
+    if isinstance(exc, MissingTableError):
+        return create_table_hint(exc.table_name)
+    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    text = " ".join(str(orig).split())
+    return f"database error ({type(orig).__name__}): {text}"
+
+
+class PollErrors:
+    """How the listener reports a failed poll: a missing table once, as one line that says
+    what to run (it is retried quietly until it appears); anything else with its traceback."""
+
+    def __init__(self, dialect: Dialect, table_name: str) -> None:
+        self._dialect = dialect
+        self._table_name = table_name
+        self._missing = False
+        #: The table was missing at some point: whoever created it since used this
+        #: version's definition, indexes included.
+        self.saw_missing_table = False
+
+    def report(self, exc: BaseException, backoff: float) -> None:
+        orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+        if self._dialect.missing_table(orig):
+            self.saw_missing_table = True
+            if not self._missing:
+                self._missing = True
+                log.warning(
+                    "firm-channel listener: %s; it keeps checking quietly and delivers once "
+                    "the table is there",
+                    create_table_hint(self._table_name),
+                )
+            else:
+                log.debug("firm-channel listener: table %s still missing", self._table_name)
+            return
+        self._missing = False
+        log.exception("firm-channel listener poll failed; retrying in %.2fs", backoff)
+
+    def recovered(self) -> None:
+        if self._missing:
+            self._missing = False
+            log.info("firm-channel listener: table %s is there; delivering", self._table_name)
