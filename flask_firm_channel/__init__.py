@@ -5,7 +5,7 @@
     from flask_firm_channel import FirmChannel
 
     firm_channel = FirmChannel(app)
-    firm_channel.subscribe("room:42", lambda payload: print(payload))
+    firm_channel.subscribe("room:42", lambda payload: log.info("got %r", payload))
     firm_channel.broadcast("room:42", b'{"msg": "hi"}')
 """
 

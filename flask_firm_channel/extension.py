@@ -30,6 +30,8 @@ from .engine import (
     Subscription,
     message_table,
 )
+from .engine.dialects import dialect_for
+from .engine.errors import memory_database_error
 from .engine.fanout import (
     Consumer,
     ConsumerClosed,
@@ -149,6 +151,7 @@ class FirmChannel:
         )
         if bind_key is not None and bind_key not in app.config.get("SQLALCHEMY_BINDS", {}):
             raise ValueError(f"FIRM_CHANNEL_BIND_KEY {bind_key!r} is not in SQLALCHEMY_BINDS")
+        _refuse_memory_sqlite(app, db, bind_key)
         metadata = db.metadatas.get(bind_key) or db._make_metadata(bind_key)
         table = message_table(metadata, self.table_name)
         app.extensions[EXTENSION_KEY] = FirmChannelState(
@@ -510,6 +513,22 @@ class Listening(Iterator[Message]):
             self.close()
         except Exception:  # noqa: BLE001 - at interpreter exit the engine may be gone
             pass
+
+
+def _refuse_memory_sqlite(app: Flask, db: SQLAlchemy, bind_key: str | None) -> None:
+    """An in-memory SQLite database cannot carry the table (see ``memory_database_error``).
+    Creating the engine opens no connection."""
+    with app.app_context():
+        try:
+            engine = db.engines[bind_key]
+        except (KeyError, RuntimeError):
+            return  # db.init_app(app) comes later: PubSub refuses it at first use
+    if dialect_for(engine).memory_database():
+        setting = (
+            "SQLALCHEMY_DATABASE_URI" if bind_key is None else f"SQLALCHEMY_BINDS[{bind_key!r}]"
+        )
+        database = engine.url.database
+        raise memory_database_error(setting, f"sqlite:///{database}" if database else "sqlite://")
 
 
 def _encoded(channel: str | bytes) -> bytes:

@@ -17,6 +17,7 @@ from flask_firm_channel import HISTORY_TRIMMED_EVENT, Cursor, FirmChannel, Messa
 
 from .conftest import wait_for
 from .sse_parser import Event, EventStreamParser
+from .test_validation import NO_IO_URL
 
 
 class Reader:
@@ -225,7 +226,7 @@ def test_channels_that_cannot_name_an_event_are_refused(make_app: Any) -> None:
 )
 def test_bad_sse_settings_fail_at_init_app(key: str, value: Any, error: type) -> None:
     app = Flask("bad_sse")
-    app.config.update(SQLALCHEMY_DATABASE_URI="sqlite://", **{key: value})
+    app.config.update(SQLALCHEMY_DATABASE_URI=NO_IO_URL, **{key: value})
     SQLAlchemy(app)
     with pytest.raises(error, match=key):
         FirmChannel(app)
@@ -237,7 +238,7 @@ def test_sse_defaults() -> None:
 
     app = Flask("sse_defaults")
     app.config.update(
-        SQLALCHEMY_DATABASE_URI="sqlite://", FIRM_CHANNEL_SSE_RETRY=timedelta(seconds=2)
+        SQLALCHEMY_DATABASE_URI=NO_IO_URL, FIRM_CHANNEL_SSE_RETRY=timedelta(seconds=2)
     )
     SQLAlchemy(app)
     FirmChannel(app)

@@ -7,6 +7,7 @@ import re
 import struct
 from collections.abc import Callable
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -221,9 +222,9 @@ def test_two_app_factories_share_one_table(db_url: str, table_name: str) -> None
                 db.engine.dispose()
 
 
-def test_default_table_name() -> None:
+def test_default_table_name(tmp_path: Path) -> None:
     app = Flask("default_name")
-    app.config["SQLALCHEMY_DATABASE_URI"] = "sqlite://"
+    app.config["SQLALCHEMY_DATABASE_URI"] = f"sqlite:///{tmp_path / 'app.db'}"
     db = SQLAlchemy(app)
     FirmChannel(app)
     assert FirmChannel.state(app).table is db.metadata.tables["firm_channel_messages"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -166,9 +167,13 @@ def test_subscribe_with_non_callable(app_env: tuple[Flask, SQLAlchemy, FirmChann
 # -- configuration ------------------------------------------------------------------------
 
 
+#: A file database (an in-memory one is refused); init_app does no I/O, so it is never made.
+NO_IO_URL = f"sqlite:///{tempfile.gettempdir()}/firm_channel_config_test.db"
+
+
 def _bare_app(**config: Any) -> Flask:
     app = Flask("config_test")
-    app.config.update(SQLALCHEMY_DATABASE_URI="sqlite://", **config)
+    app.config.update(SQLALCHEMY_DATABASE_URI=NO_IO_URL, **config)
     SQLAlchemy(app)
     return app
 

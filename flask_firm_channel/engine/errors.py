@@ -28,6 +28,16 @@ def create_table_hint(table_name: str) -> str:
     )
 
 
+def memory_database_error(setting: str, url: str) -> ValueError:
+    """Why an in-memory SQLite database cannot carry the message table."""
+    return ValueError(
+        f"{setting} {url!r} is an in-memory SQLite database: it lives on one connection "
+        "(Flask-SQLAlchemy shares a single one), which the listener and the publish path "
+        "cannot use beside the app without breaking its own database. Use a database file, "
+        "e.g. sqlite:///app.db (a temporary directory will do for tests)."
+    )
+
+
 class MissingTableError(DBAPIError):
     """The message table does not exist (yet). ``.table_name`` names it; ``.orig`` is the
     driver's error."""

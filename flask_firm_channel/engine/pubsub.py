@@ -15,7 +15,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from .connections import keep_inherited
 from .cursor import Cursor
 from .dialects import dialect_for
-from .errors import database_errors
+from .errors import database_errors, memory_database_error
 from .health import ListenerHealth
 from .heartbeat import Heartbeat
 from .listener import Listener
@@ -52,6 +52,8 @@ class PubSub:
         self.settings = settings or Settings()
         self.autostart = autostart
         self.dialect = dialect_for(engine)
+        if self.dialect.memory_database():
+            raise memory_database_error("the engine's URL", str(engine.url))
         self.dialect.configure_engine(sqlite_wal=self.settings.sqlite_wal)
         self._publisher = Publisher(engine, self.dialect, table, notify=self.settings.wake_hints)
         self._registry = SubscriptionRegistry()
