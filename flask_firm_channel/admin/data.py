@@ -1,6 +1,7 @@
 """What each admin page reads, on one connection, from the bounded queries in
-``engine/stats.py`` and ``engine/heartbeat.py`` only. Kept apart from the views so a test can
-run exactly a page's reads inside one transaction and count the rows the database touched."""
+``engine/stats.py``, ``engine/stored.py`` and ``engine/heartbeat.py`` only. Kept apart from the
+views so a test can run exactly a page's reads inside one transaction and count the rows the
+database touched."""
 
 from __future__ import annotations
 
@@ -17,16 +18,14 @@ from ..engine.stats import (
     SAMPLE_SIZE,
     Activity,
     ChannelSummary,
-    MessagePage,
     Overview,
     Sample,
     channel_names,
     channel_summary,
-    newest_id,
-    newest_messages,
     overview,
     recent_activity,
 )
+from ..engine.stored import MessagePage, newest_id, newest_messages
 
 #: Channels per page of the channel list, messages per page of a channel.
 CHANNELS_PER_PAGE = 25

@@ -19,7 +19,8 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from sqlalchemy import Connection
 
 from ..engine.fanout import Message
-from ..engine.stats import PREVIEW_BYTES, StoredMessage, capped_count, message
+from ..engine.stats import capped_count
+from ..engine.stored import PREVIEW_BYTES, StoredMessage, message
 from ..engine.table import utcnow
 from . import access, csrf, render
 from .data import (

@@ -10,7 +10,7 @@ from sqlalchemy import Connection, Table, case, func, select
 
 from .dialects import Dialect
 from .internal import INTERNAL_END, INTERNAL_PREFIX, is_internal
-from .table import channel_hash
+from .stored import newest_ids
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,6 @@ COUNT_CAP = 10_000
 SAMPLE_SIZE = 10_000
 #: Recent rate: messages per minute over the last this many seconds.
 RATE_WINDOW = 60.0
-#: Bytes of each payload fetched for a list of messages.
-PREVIEW_BYTES = 1024
 #: Rows of a channel whose payload sizes are summed: exact up to this many messages, an
 #: estimate from their average beyond.
 BYTES_SAMPLE = 100
@@ -360,7 +358,7 @@ def channel_summary(
         if activity is not None:
             last, last_id = activity.last, activity.last_id
         else:
-            ids = _newest_ids(conn, t, channel, None, 3)
+            ids = newest_ids(conn, t, channel, None, 3)
             newest = conn.execute(
                 select(t.c.id, t.c.channel, t.c.created_at).where(t.c.id.in_(ids or [-1]))
             ).all()
@@ -371,83 +369,3 @@ def channel_summary(
     return ChannelSummary(
         channel, messages, size, estimated, last, None if last_id is None else int(last_id)
     )
-
-
-@dataclass(frozen=True)
-class StoredMessage:
-    id: int
-    channel: bytes
-    #: The first ``PREVIEW_BYTES`` (or all, from :func:`message`).
-    payload: bytes
-    size: int
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class MessagePage:
-    messages: list[StoredMessage]
-    #: Pass as ``before`` for the next (older) page; ``None``: nothing older is left.
-    next_before: int | None
-
-
-def _newest_ids(
-    conn: Connection, table: Table, channel: bytes, before: int | None, limit: int
-) -> list[int]:
-    """Ids of the channel's newest rows below ``before``: one backward range of the
-    ``(channel_hash, id)`` index, ``limit`` entries (a hash collision's rows included: the
-    caller drops them by exact name). Ids alone, so no database strays from that index
-    (asked for whole rows, MariaDB walked the channel index down from its newest entry)."""
-    t = table
-    query = select(t.c.id).where(t.c.channel_hash == channel_hash(channel))
-    if before is not None:
-        query = query.where(t.c.id < before)
-    return list(conn.execute(query.order_by(t.c.id.desc()).limit(limit)).scalars())
-
-
-def newest_messages(
-    conn: Connection,
-    table: Table,
-    channel: bytes,
-    *,
-    before: int | None = None,
-    limit: int = 25,
-) -> MessagePage:
-    """A channel's messages newest first, ``limit`` per page, below id ``before``: reads
-    ``limit + 1`` index entries and ``limit`` rows by primary key."""
-    t = table
-    ids = _newest_ids(conn, t, channel, before, limit + 1)
-    page = ids[:limit]
-    rows: list[Any] = []
-    if page:
-        query = select(
-            t.c.id,
-            t.c.channel,
-            func.substr(t.c.payload, 1, PREVIEW_BYTES).label("preview"),
-            func.length(t.c.payload).label("size"),
-            t.c.created_at,
-        ).where(t.c.id.in_(page))
-        rows = list(conn.execute(query.order_by(t.c.id.desc())))
-    messages = [
-        StoredMessage(int(r.id), bytes(r.channel), bytes(r.preview), int(r.size), r.created_at)
-        for r in rows
-        if bytes(r.channel) == channel
-    ]
-    return MessagePage(messages, page[-1] if len(ids) > limit else None)
-
-
-def newest_id(conn: Connection, table: Table) -> int | None:
-    """The largest id in the table (one index read)."""
-    value = conn.execute(select(table.c.id).order_by(table.c.id.desc()).limit(1)).scalar()
-    return None if value is None else int(value)
-
-
-def message(conn: Connection, table: Table, message_id: int) -> StoredMessage | None:
-    """One stored message by id, the whole payload."""
-    t = table
-    row = conn.execute(
-        select(t.c.id, t.c.channel, t.c.payload, t.c.created_at).where(t.c.id == message_id)
-    ).first()
-    if row is None:
-        return None
-    payload = bytes(row.payload)
-    return StoredMessage(int(row.id), bytes(row.channel), payload, len(payload), row.created_at)
