@@ -2,13 +2,16 @@
 
 The listener's wake hints hold one for as long as they run. The publish path keeps a few in
 a small stack: a pooled connection pays a ROLLBACK on every return (a network round trip on
-MySQL), which a broadcast that has just committed does not need.
+MySQL), which a broadcast that has just committed does not need. The stack honours what the
+engine's pool was told: ``pool_recycle`` (a connection older than that is replaced) and
+``pool_pre_ping`` (an idle connection is pinged before it is used).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 from sqlalchemy import Engine
@@ -47,32 +50,70 @@ class ConnectionStack:
     def __init__(self, engine: Engine, keep: int = 4) -> None:
         self._engine = engine
         self._keep = keep
-        self._idle: list[Any] = []
+        #: ``(connection, monotonic time it was made)``
+        self._idle: list[tuple[Any, float]] = []
+        self._born: dict[int, float] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        recycle = getattr(engine.pool, "_recycle", -1)
+        self._recycle: float | None = float(recycle) if recycle and recycle > 0 else None
+        self._pre_ping = bool(getattr(engine.pool, "_pre_ping", False))
 
     def acquire(self) -> Any:
-        with self._lock:
-            if self._idle and self._pid == os.getpid():
-                return self._idle.pop()
-        return dedicated_connection(self._engine)
+        while True:
+            with self._lock:
+                if not self._idle or self._pid != os.getpid():
+                    break
+                conn, born = self._idle.pop()
+            if self._recycle is not None and time.monotonic() - born > self._recycle:
+                close_quietly(conn)
+                continue
+            if self._pre_ping and not self._alive(conn):
+                # One dead means the server went away or an idle timeout struck: the others,
+                # idle as long or longer, are no better.
+                close_quietly(conn)
+                self.discard_idle()
+                break
+            self._born[id(conn)] = born
+            return conn
+        conn = dedicated_connection(self._engine)
+        self._born[id(conn)] = time.monotonic()
+        return conn
+
+    def _alive(self, conn: Any) -> bool:
+        try:
+            self._engine.dialect.do_ping(conn)
+            return True
+        except Exception:  # noqa: BLE001 - any failure to ping means "replace it"
+            return False
 
     def release(self, conn: Any) -> None:
+        born = self._born.pop(id(conn), time.monotonic())
         with self._lock:
             if self._pid == os.getpid() and len(self._idle) < self._keep:
-                self._idle.append(conn)
+                self._idle.append((conn, born))
                 return
         close_quietly(conn)
+
+    def forget(self, conn: Any) -> None:
+        """``conn`` was closed by its user (it broke): it is not coming back."""
+        self._born.pop(id(conn), None)
+
+    def discard_idle(self) -> None:
+        """Close every idle connection: one of them was found dead (a database restart, an
+        idle timeout, a proxy), so the rest, made no later, are not worth trying."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            close_quietly(conn)
 
     def after_fork(self) -> None:
         """The parent's connections are not ours to use or close in a child."""
         self._lock = threading.Lock()
-        keep_inherited(*self._idle)
+        keep_inherited(*(conn for conn, _ in self._idle))
         self._idle = []
+        self._born = {}
         self._pid = os.getpid()
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            close_quietly(conn)
+        self.discard_idle()

@@ -25,6 +25,8 @@ class Publisher:
         self._engine = engine
         self._dialect = dialect
         self._connections = ConnectionStack(engine)
+        #: Broadcasts retried on a fresh connection after their first one turned out dead.
+        self.retries = 0
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._statement = dialect.insert_statement(table, notify=notify)
         self._returns_id = dialect.returns_id(notify=notify)
@@ -94,9 +96,14 @@ class Publisher:
             except self._dbapi_error as exc:
                 disconnected = self._is_disconnect(exc, conn)
                 self._discard(conn)
+                if disconnected:
+                    # The idle ones are as old or older: a restart or an idle timeout took
+                    # them too, and the retry must not pick one of them.
+                    self._connections.discard_idle()
                 # Nothing was committed before COMMIT was sent: a dropped connection (a
                 # database restart, an idle timeout) is retried once on a fresh one.
                 if attempt == 1 and disconnected and not committing:
+                    self.retries += 1
                     continue
                 raise DBAPIError.instance(
                     self._sql, None, exc, self._dbapi_error, dialect=self._engine.dialect
@@ -120,6 +127,7 @@ class Publisher:
         except Exception:  # noqa: BLE001 - the connection may already be gone
             pass
         close_quietly(conn)
+        self._connections.forget(conn)
 
     def after_fork(self) -> None:
         self._connections.after_fork()
