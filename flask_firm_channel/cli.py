@@ -12,13 +12,12 @@ from typing import Any
 import click
 from flask import current_app
 from flask.cli import AppGroup
-from sqlalchemy import func, inspect, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from .engine import PubSub
 from .engine.errors import database_errors, one_line
 from .engine.stats import channel_stats, table_stats
-from .engine.table import upgrade_indexes
 
 
 class _Commands(AppGroup):
@@ -78,15 +77,15 @@ def _format(payload: bytes, as_hex: bool) -> str:
 @firm_channel_cli.command("create-table")
 def create_table() -> None:
     """Create the message table (and its indexes) if it does not exist; on an existing
-    table, add the indexes it lacks."""
+    table, add the indexes it lacks. Safe to run from several processes at once."""
     pubsub = _pubsub()
     name = pubsub.table.name
-    if inspect(pubsub.engine).has_table(name):
-        done = upgrade_indexes(pubsub.engine, pubsub.table)
-        click.echo(f"Table {name} already exists" + (f"; {', '.join(done)}." if done else "."))
+    result = pubsub.create_table()
+    if result.created:
+        click.echo(f"Created table {name}.")
         return
-    pubsub.table.create(pubsub.engine, checkfirst=True)
-    click.echo(f"Created table {name}.")
+    done = result.upgraded
+    click.echo(f"Table {name} already exists" + (f"; {', '.join(done)}." if done else "."))
 
 
 @firm_channel_cli.command("broadcast")

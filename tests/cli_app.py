@@ -5,7 +5,8 @@
 ``FIRM_CHANNEL_TEST_SUBSCRIBE_AT_BOOT`` set, the app subscribes while it is created (as an app
 that follows a channel would); ``FIRM_CHANNEL_TEST_CALLBACK_MARKER`` (a file) and
 ``FIRM_CHANNEL_TEST_CALLBACK_CHANNEL`` subscribe a callback that appends each payload to that
-file; ``FIRM_CHANNEL_TEST_REPORT_THREADS`` makes the process list its
+file; ``FIRM_CHANNEL_TEST_BARRIER_DIR`` / ``_COUNT`` make that many processes start their command at
+the same moment; ``FIRM_CHANNEL_TEST_REPORT_THREADS`` makes the process list its
 threads on stderr at exit, after whatever command it ran.
 """
 
@@ -15,6 +16,7 @@ import atexit
 import os
 import sys
 import threading
+import time
 
 import click
 from flask import Flask
@@ -25,6 +27,15 @@ from flask_firm_channel import FirmChannel
 
 def _thread_names() -> list[str]:
     return [t.name for t in threading.enumerate()]
+
+
+def _wait_for_all(directory: str, count: int) -> None:
+    open(os.path.join(directory, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 30
+    while len(os.listdir(directory)) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(os.listdir(directory))} of {count} processes started")
+        time.sleep(0.001)
 
 
 def create_app() -> Flask:
@@ -47,6 +58,12 @@ def create_app() -> Flask:
 
         with app.app_context():
             firm_channel.subscribe(os.environ["FIRM_CHANNEL_TEST_CALLBACK_CHANNEL"], write_marker)
+
+    barrier = os.environ.get("FIRM_CHANNEL_TEST_BARRIER_DIR")
+    if barrier:
+        # Several processes start their command together: each says it is ready, then waits
+        # until all are (FIRM_CHANNEL_TEST_BARRIER_COUNT of them).
+        _wait_for_all(barrier, int(os.environ["FIRM_CHANNEL_TEST_BARRIER_COUNT"]))
 
     if os.environ.get("FIRM_CHANNEL_TEST_REPORT_THREADS"):
         atexit.register(

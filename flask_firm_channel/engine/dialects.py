@@ -98,6 +98,13 @@ class Dialect:
         """Make a batch-claiming SELECT skip rows another trimmer holds."""
         return stmt
 
+    @contextmanager
+    def schema_lock(self, table_name: str) -> Iterator[Connection]:
+        """A connection on which creating or upgrading ``table_name`` is serialised with every
+        other process doing the same (every worker running ``create-table`` at start)."""
+        with self.engine.begin() as conn:
+            yield conn
+
     def trim_batch(self, table: Table, cutoff: datetime, batch_size: int) -> int:
         """Delete one batch of rows created before ``cutoff``; return how many went."""
         # A plain read first: with nothing expired (the common case for a young table) no
@@ -193,6 +200,13 @@ class SQLiteDialect(Dialect):
                 raise
             conn.exec_driver_sql("COMMIT")
 
+    @contextmanager
+    def schema_lock(self, table_name: str) -> Iterator[Connection]:
+        # SQLite's DDL is transactional: under BEGIN IMMEDIATE (the write lock, waited for on
+        # the busy timeout) the check and the CREATEs are one step for every other process.
+        with self.trim_transaction() as conn:
+            yield conn
+
     def prepare_reader(self, conn: Any) -> None:
         conn.isolation_level = None
 
@@ -261,6 +275,15 @@ class PostgreSQLDialect(Dialect):
     def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
 
+    @contextmanager
+    def schema_lock(self, table_name: str) -> Iterator[Connection]:
+        # Concurrent CREATE TABLE IF NOT EXISTS still collide in the catalogue (a duplicate
+        # pg_type row); a transaction-scoped advisory lock queues them. The DDL is
+        # transactional, so the lock is held until the table and its indexes are committed.
+        with self.engine.begin() as conn:
+            conn.execute(select(func.pg_advisory_xact_lock(_lock_key(table_name))))
+            yield conn
+
     def _qualified(self, table: Table) -> str:
         return str(self.engine.dialect.identifier_preparer.format_table(table))
 
@@ -303,6 +326,26 @@ class MySQLDialect(Dialect):
         if self.supports_skip_locked():
             return stmt.with_for_update(skip_locked=True)
         return stmt.with_for_update()
+
+    @contextmanager
+    def schema_lock(self, table_name: str) -> Iterator[Connection]:
+        # MySQL's DDL commits on its own, so the lock is a named one held by the connection.
+        name = f"firm_channel_ddl_{_lock_key(table_name) & 0xFFFFFFFFFFFF:x}"
+        with self.engine.connect() as conn:
+            got = conn.execute(
+                select(func.get_lock(name, _SCHEMA_LOCK_TIMEOUT))
+            ).scalar()
+            if got != 1:
+                raise TimeoutError(
+                    f"waited {_SCHEMA_LOCK_TIMEOUT} s for another process creating table "
+                    f"{table_name}"
+                )
+            try:
+                yield conn
+                conn.commit()
+            finally:
+                conn.execute(select(func.release_lock(name)))
+                conn.commit()
 
     def prepare_reader(self, conn: Any) -> None:
         conn.rollback()
@@ -401,6 +444,16 @@ def dialect_for(engine: Engine) -> Dialect:
     if name in ("mysql", "mariadb"):
         return MySQLDialect(engine)
     return Dialect(engine)
+
+
+#: Seconds a MySQL create-table waits for another process creating the same table.
+_SCHEMA_LOCK_TIMEOUT = 60
+
+
+def _lock_key(table_name: str) -> int:
+    """A signed 64-bit key for the advisory lock that serialises creating ``table_name``."""
+    digest = hashlib.sha256(b"firm-channel-schema:" + table_name.encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def notify_channel_name(table_name: str) -> str:

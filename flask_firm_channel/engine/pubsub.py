@@ -13,6 +13,7 @@ from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from .connections import keep_inherited
+from .create import Created, create_table
 from .cursor import Cursor
 from .dialects import dialect_for
 from .errors import database_errors, memory_database_error
@@ -254,6 +255,14 @@ class PubSub:
     @property
     def subscription_count(self) -> int:
         return len(self._registry)
+
+    # -- the table ----------------------------------------------------------------------
+
+    def create_table(self) -> Created:
+        """Create the table and its indexes if it does not exist, or add the indexes an
+        existing one lacks. Safe to run from several processes at once."""
+        with database_errors(self.dialect, self.table.name):
+            return create_table(self.dialect, self.table)
 
     # -- trimming -------------------------------------------------------------------------
 

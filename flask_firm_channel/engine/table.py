@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (
     BigInteger,
     Column,
+    Connection,
     DateTime,
     Engine,
     Index,
@@ -86,13 +87,13 @@ def obsolete_index_name(table: Table) -> str:
     return f"ix_{table.name}_channel_hash"
 
 
-def missing_indexes(engine: Engine, table: Table) -> list[Index]:
+def missing_indexes(engine: Engine | Connection, table: Table) -> list[Index]:
     """The indexes ``table`` defines that the database does not have (by column list)."""
     existing = {tuple(ix["column_names"]) for ix in inspect(engine).get_indexes(table.name)}
     return [ix for ix in table.indexes if tuple(c.name for c in ix.columns) not in existing]
 
 
-def upgrade_indexes(engine: Engine, table: Table) -> list[str]:
+def upgrade_indexes(engine: Engine | Connection, table: Table) -> list[str]:
     """Bring an existing table's indexes up to date: create the missing ones, then drop the
     obsolete single-column ``channel_hash`` index they replace. Returns what was done."""
     done = []
