@@ -256,7 +256,8 @@ class FirmChannel:
         return ids
 
     def subscribe(self, channel: str | bytes, callback: Callable[[bytes], object]) -> Subscription:
-        """Call ``callback(payload)`` for every message on ``channel`` from now on.
+        """Call ``callback(payload)`` for every message on ``channel`` from now on, in the
+        order their commits became visible (id order unless transactions race).
 
         Callbacks run in this process's listener thread, inside an app context. Returns a
         handle whose ``unsubscribe()`` stops delivery.
@@ -288,9 +289,10 @@ class FirmChannel:
         """Iterate over the messages on ``channels`` as they arrive, blocking in between.
 
         From now on by default; with ``after_id`` (a message id, or a :attr:`Message.cursor`)
-        the retained messages after it come first, in id order, then live ones, with no gap
-        and no duplicate. ``timeout`` (seconds or a timedelta) ends the iteration after that
-        long; ``None`` runs until :meth:`Listening.close` or the app's :meth:`close`.
+        the retained messages after it come first, in id order, then live ones in commit
+        order, with no gap and no duplicate. ``timeout`` (seconds or a timedelta) ends the
+        iteration after that long; ``None`` runs until :meth:`Listening.close` or the app's
+        :meth:`close`.
 
         The subscription is made by this call, not by the first ``next()``. Works wherever
         an app context is (a worker script, a CLI command, a test) and shares this process's

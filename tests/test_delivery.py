@@ -1,4 +1,5 @@
-"""Delivery semantics in one process: exactly once, in order, from now on, by exact channel."""
+"""Delivery semantics in one process: exactly once, in commit order (id order when commits do
+not race), from now on, by exact channel."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def test_broadcast_reaches_subscriber(make_app: Any) -> None:
         wait_for(lambda: received == [b'{"msg": "hi"}'])
 
 
-def test_exactly_once_in_order_per_channel(make_app: Any) -> None:
+def test_exactly_once_in_id_order_when_commits_do_not_race(make_app: Any) -> None:
     app, _db, fc = make_app()
     a, on_a = collector()
     b, on_b = collector()
@@ -252,8 +253,9 @@ def test_out_of_order_commit_is_not_skipped(
     make_pubsub: Any, engine: sa.Engine, backend: str
 ) -> None:
     """id N+1 commits while id N's transaction is still open; N commits later and is still
-    delivered (PostgreSQL/MySQL). SQLite serialises writers, so there the later broadcast
-    waits for the open transaction and both arrive in id order."""
+    delivered, after N+1: the order is that of commit visibility (PostgreSQL/MySQL). SQLite
+    serialises writers, so there the later broadcast waits for the open transaction and both
+    arrive in id order, which is also their commit order."""
     ps = make_pubsub()
     received: list[bytes] = []
     ps.subscribe("ooo", received.append)

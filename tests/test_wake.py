@@ -399,7 +399,7 @@ def test_rows_read_per_delivered_message_at_sustained_traffic(
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
-def test_out_of_order_commit_is_delivered_once(
+def test_late_commit_is_delivered_once_in_commit_order(
     backend: str, engine: sa.Engine, make_pubsub: Callable[..., PubSub]
 ) -> None:
     pubsub = make_pubsub(auto_trim=False)

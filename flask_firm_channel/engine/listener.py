@@ -7,7 +7,9 @@ id ranges below it that it has not seen yet. Each poll reads only ``id > high_wa
 gaps, as ranges of the ``(channel_hash, id)`` index, so a delivered message costs about one
 row read, never the commit-grace window and never the table.
 
-A gap closes when its ids turn up (late commits are delivered then), when they turn out to be
+A gap closes when its ids turn up (late commits are delivered then, after the higher ids
+already delivered: the order of delivery is the order in which commits became visible, which
+is id order whenever commits do not race), when they turn out to be
 rows of channels this process does not follow, or when the row that revealed it is older than
 ``commit_grace``: everything allocated before it has either committed or broken the one bounded
 assumption of the design. SQLite serialises writers, so there commit order is id order.

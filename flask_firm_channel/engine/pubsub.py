@@ -122,8 +122,11 @@ class PubSub:
     # -- subscribing ----------------------------------------------------------------------
 
     def subscribe(self, channel: str | bytes, callback: Callback) -> Subscription:
-        """Call ``callback(payload)`` for every message broadcast on ``channel`` from now on,
-        in this process's listener thread."""
+        """Call ``callback(payload)`` for every message broadcast on ``channel`` from now on.
+
+        Messages come in the order their commits became visible: id order unless two
+        transactions race (then a lower id that commits later comes later).
+        """
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
         ch = encode_channel(channel)
@@ -143,7 +146,8 @@ class PubSub:
 
         ``after=None`` delivers what is broadcast from now on. ``after`` as a message id or a
         cursor (a previous ``Message.cursor``) first delivers the retained messages after that
-        position, in id order, then goes live with no gap and no duplicate at the seam; a
+        position, in id order, then goes live (in commit order, like :meth:`subscribe`) with
+        no gap and no duplicate at the seam; a
         :class:`HistoryTrimmed` comes first when some of them were already trimmed.
         ``callback`` runs in the listener thread and must not block. ``on_end()`` is called
         once when this PubSub closes.
