@@ -210,6 +210,13 @@ def trim(older_than: timedelta | None, batch_size: int | None, dry_run: bool) ->
         if older_than is not None
         else timedelta(seconds=pubsub.settings.message_retention)
     )
+    grace = pubsub.settings.commit_grace
+    if older_than is not None and older_than.total_seconds() < grace:
+        raise click.ClickException(
+            f"--older-than {older_than} is shorter than FIRM_CHANNEL_COMMIT_GRACE "
+            f"({grace:g} s): rows that young may not have reached every listener yet; "
+            f"trim rows at least {timedelta(seconds=grace)} old"
+        )
     count = pubsub.trim(age, batch_size=batch_size, dry_run=dry_run)
     noun = "message" if count == 1 else "messages"
     if dry_run:

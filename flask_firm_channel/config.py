@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,9 +68,7 @@ def settings_from_config(config: dict[str, Any]) -> Settings:
     except (TypeError, ValueError) as exc:
         message = str(exc)
         for key, name in _SETTING_FOR_KEY.items():
-            if message.startswith(name + " "):
-                message = key + message[len(name) :]
-                break
+            message = re.sub(rf"\b{name}\b", key, message)
         raise type(exc)(message) from None
 
 

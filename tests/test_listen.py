@@ -214,7 +214,7 @@ def test_end_all_ends_every_consumer(make_app: Any) -> None:
 def test_listen_after_trim_warns_and_goes_on(
     make_app: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app, _db, fc = make_app()
+    app, _db, fc = make_app(FIRM_CHANNEL_COMMIT_GRACE=0)  # so that trim(older_than=0) may run
     with app.app_context():
         old = [fc.broadcast("kept", f"old{i}") for i in range(3)]
         wait_for(lambda: fc.trim(older_than=0) >= 0 and fc.trim(older_than=0, dry_run=True) == 0)

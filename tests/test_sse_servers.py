@@ -117,7 +117,10 @@ class ExampleServer:
         self.clients: list[Client] = []
         self.engine = sa.create_engine(db_url)
         self.table = message_table(sa.MetaData(), f"{self.prefix}firm_channel_messages")
-        self.pubsub = PubSub(self.engine, self.table, Settings(auto_trim=False), autostart=False)
+        # A commit grace of 0 lets the test trim rows as young as it likes.
+        self.pubsub = PubSub(
+            self.engine, self.table, Settings(auto_trim=False, commit_grace=0), autostart=False
+        )
         self.proc: subprocess.Popen[bytes] | None = None
         self.workers: set[int] = set()
 

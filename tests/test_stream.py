@@ -126,7 +126,8 @@ def test_a_malformed_last_event_id_is_a_400_and_subscribes_nothing(make_app: Any
 
 
 def test_history_trimmed_event_comes_before_the_replay(make_app: Any) -> None:
-    app, fc = sse_app(make_app)
+    # Trimming rows this young needs a commit grace of 0 (nothing races here).
+    app, fc = sse_app(make_app, FIRM_CHANNEL_COMMIT_GRACE=0)
     with app.app_context():
         old = fc.broadcast("kept", "old")
         fc.trim(older_than=0)

@@ -54,7 +54,7 @@ class Settings:
     #: How long a broadcast's transaction may stay open after its INSERT and still be
     #: delivered (PostgreSQL/MySQL can commit ids out of order).
     commit_grace: float = 5.0
-    #: Rows older than this are trimmed.
+    #: Rows older than this are trimmed; at least ``commit_grace``.
     message_retention: float = 86400.0
     #: Rows deleted per trim transaction; auto-trim runs with probability 2 / batch size.
     trim_batch_size: int = 100
@@ -88,6 +88,13 @@ class Settings:
             "heartbeat_interval",
             to_seconds(self.heartbeat_interval, "heartbeat_interval", allow_zero=True),
         )
+        if self.message_retention < self.commit_grace:
+            raise ValueError(
+                f"message_retention ({self.message_retention:g} s) must be at least "
+                f"commit_grace ({self.commit_grace:g} s): a row younger than the commit grace "
+                "may sit above a transaction that has not committed yet, and trimming it "
+                "could delete messages a listener has not read"
+            )
         _positive_int(self.trim_batch_size, "trim_batch_size")
         _positive_int(self.max_payload_size, "max_payload_size")
         for name in ("auto_trim", "wake_hints", "sqlite_wal"):

@@ -22,6 +22,25 @@ log = logging.getLogger("flask_firm_channel")
 BATCH_ATTEMPTS = 5
 
 
+class TrimTooRecent(ValueError):
+    """A trim was asked for rows younger than the commit grace."""
+
+    def __init__(self, seconds: float, grace: float) -> None:
+        super().__init__(
+            f"older_than {seconds:g} s is shorter than the commit grace ({grace:g} s): "
+            "rows that young may sit above a transaction that has not committed yet, so a "
+            f"listener could lose them; trim rows at least {grace:g} s old"
+        )
+        self.seconds = seconds
+        self.grace = grace
+
+
+def check_trim_age(seconds: float, grace: float) -> None:
+    """Raise :class:`TrimTooRecent` when ``seconds`` is below the commit ``grace``."""
+    if seconds < grace:
+        raise TrimTooRecent(seconds, grace)
+
+
 class Trimmer:
     def __init__(self, dialect: Dialect, table: Table, settings: Settings) -> None:
         self._dialect = dialect
@@ -38,11 +57,14 @@ class Trimmer:
         self.errors = 0
 
     def cutoff(self, older_than: Duration | None = None) -> datetime:
-        seconds = (
-            self._settings.message_retention
-            if older_than is None
-            else to_seconds(older_than, "older_than", allow_zero=True)
-        )
+        """The instant before which rows are trimmed. ``older_than`` below the commit grace
+        is refused: a row that young may sit above a transaction still committing, and a
+        listener that has not read it yet would lose it."""
+        if older_than is None:
+            seconds = self._settings.message_retention
+        else:
+            seconds = to_seconds(older_than, "older_than", allow_zero=True)
+            check_trim_age(seconds, self._settings.commit_grace)
         return utcnow() - timedelta(seconds=seconds)
 
     def trim(
