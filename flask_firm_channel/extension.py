@@ -259,8 +259,9 @@ class FirmChannel:
         """Call ``callback(payload)`` for every message on ``channel`` from now on, in the
         order their commits became visible (id order unless transactions race).
 
-        Callbacks run in this process's listener thread, inside an app context. Returns a
-        handle whose ``unsubscribe()`` stops delivery.
+        The callback runs inside an app context on a thread of this subscription's own, one
+        message at a time: if it blocks or raises, no other subscription or stream waits for
+        it. Returns a handle whose ``unsubscribe()`` stops delivery.
         """
         app = current_app._get_current_object()  # type: ignore[attr-defined]
         state = self.state(app)

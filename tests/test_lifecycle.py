@@ -203,26 +203,3 @@ def test_flask_unsubscribe_by_callback(make_app: Callable[..., Any]) -> None:
         fc.broadcast("room", "m2")
         wait_for(lambda: stays == [b"m1", b"m2"])
         assert gone == [b"m1"]
-
-
-def test_listener_stopped_by_systemexit_is_logged_and_restarted(
-    make_pubsub: Callable[..., PubSub], caplog: pytest.LogCaptureFixture
-) -> None:
-    """Only a BaseException such as SystemExit escapes a callback; the thread then ends
-    loudly and the next broadcast in the process starts a new one, without replaying."""
-    pubsub = make_pubsub(auto_trim=False)
-    received: list[bytes] = []
-
-    def callback(payload: bytes) -> None:
-        received.append(payload)
-        if payload == b"exit":
-            raise SystemExit(3)
-
-    pubsub.subscribe("fatal", callback)
-    pubsub.broadcast("fatal", "exit")
-    wait_for(lambda: not pubsub.listening)
-    assert not pubsub.health().running
-    assert any(r.levelname == "CRITICAL" and "SystemExit" in r.getMessage() for r in caplog.records)
-    pubsub.broadcast("fatal", "after")
-    wait_for(lambda: received == [b"exit", b"after"])
-    assert pubsub.listening and pubsub.health().running

@@ -2,12 +2,14 @@
 a socketio manager.
 
 Each consumer is one engine subscription (with its own resume cursor) whose callback, run in
-the listener thread, only appends to the consumer's queue and returns. A consumer that falls
-more than its queue size behind is *dropped*: nothing more is added to its queue, its reader
-takes what is already in it and is then told so, so a slow client can never make the process
-grow. The reader then ends (a browser reconnects with the cursor of the last event it got and
-is replayed what it missed) or resubscribes from its cursor itself; either way each round
-moves it at least a queue's worth forward, even through a replay longer than the queue.
+the listener thread itself (``inline``: no subscriber callback thread in between, so a slow
+user callback never delays a stream), only appends to the consumer's queue and returns. A
+consumer that falls more than its queue size behind is *dropped*: nothing more is added to its
+queue, its reader takes what is already in it and is then told so, so a slow client can never
+make the process grow. The reader then ends (a browser reconnects with the cursor of the last
+event it got and is replayed what it missed) or resubscribes from its cursor itself; either way
+each round moves it at least a queue's worth forward, even through a replay longer than the
+queue.
 When the PubSub closes, or the process is shutting down, every reader wakes and ends.
 """
 
@@ -192,7 +194,7 @@ class Fanout:
             self.opened += 1
         try:
             consumer._subscription = self.pubsub.subscribe_messages(
-                list(channels), consumer._offer, after=after, on_end=consumer._end
+                list(channels), consumer._offer, after=after, on_end=consumer._end, inline=True
             )
         except BaseException:
             self._release(consumer)

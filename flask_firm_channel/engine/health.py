@@ -24,7 +24,12 @@ class ListenerHealth:
     polls: int = 0
     rows_read: int = 0
     delivered: int = 0
+    #: Subscriber callbacks that raised (each logged with its channel and message id).
     subscriber_errors: int = 0
+    #: Calls queued for subscriber callbacks and not started yet, and calls dropped because
+    #: one subscription fell ``LANE_LIMIT`` behind (see ``callbacks.py``).
+    callback_backlog: int = 0
+    callback_dropped: int = 0
     errors: int = 0
     restarts: int = 0
     last_error: str | None = None

@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, select
 
+from .forkhold import DriverHold
 from .health import ListenerHealth
 from .internal import INTERNAL_PREFIX
 from .table import channel_hash
@@ -82,7 +83,7 @@ class Heartbeat:
         self.sent = 0
         self.errors = 0
         self._stop = threading.Event()
-        self._busy = threading.RLock()
+        self._busy = DriverHold("heartbeat")
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -105,10 +106,10 @@ class Heartbeat:
             thread.join(timeout)
 
     def hold_for_fork(self) -> None:
-        self._busy.acquire()
+        self._busy.hold_for_fork()
 
     def release_after_fork(self) -> None:
-        self._busy.release()
+        self._busy.release_after_fork()
 
     def _run(self) -> None:
         failing = False

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -33,9 +34,11 @@ from typing import Any
 
 from sqlalchemy import Engine, Table
 
+from .callbacks import CallbackRunner
 from .cursor import Cursor
 from .dialects import Dialect
 from .errors import PollErrors
+from .forkhold import DriverHold
 from .gaps import GapList
 from .health import ListenerHealth
 from .message import HistoryTrimmed, Message
@@ -82,8 +85,10 @@ class Listener:
         settings: Settings,
         registry: SubscriptionRegistry,
         hint: WakeHint,
+        callbacks: CallbackRunner | None = None,
     ) -> None:
         self._engine = engine
+        self._callbacks = callbacks or CallbackRunner()
         self._table = table
         self._settings = settings
         self._registry = registry
@@ -91,10 +96,9 @@ class Listener:
         self._reads = Reads(engine, dialect, table)
         self._wake = threading.Event()
         self._forced = False
-        #: Held while the thread is inside the database driver; ``fork`` waits for it, so a
-        #: child never inherits a driver (SQLite's mutexes, a half-read socket) mid-call.
-        #: Never held while subscriber callbacks run.
-        self._busy = threading.RLock()
+        #: Held while the thread is inside the database driver, never while subscriber
+        #: callbacks run (see ``forkhold.py``).
+        self._busy = DriverHold("listener")
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._high_water: int | None = None
@@ -179,36 +183,61 @@ class Listener:
             wake_detail=hint.detail,
             high_water=self._high_water,
             open_gaps=len(self._gaps),
+            subscriber_errors=self._health.subscriber_errors + self._callbacks.errors,
+            callback_backlog=self._callbacks.backlog,
+            callback_dropped=self._callbacks.dropped,
         )
 
     # -- the loop -------------------------------------------------------------------------
 
     def hold_for_fork(self) -> None:
         """Wait until the thread is outside the driver and keep it there (before ``fork``)."""
-        self._busy.acquire()
+        self._busy.hold_for_fork()
 
     def release_after_fork(self) -> None:
-        self._busy.release()
+        self._busy.release_after_fork()
 
     def _run(self) -> None:
+        """The thread: the loop, restarted in place (same read position, so nothing is lost
+        or replayed) whenever something unexpected escapes it, until :meth:`close`."""
+        backoff = 0.0
         try:
-            self._loop()
-        except BaseException as exc:
-            log.critical(
-                "firm-channel listener for %s stopped by %r; the next broadcast or "
-                "subscription in this process restarts it",
-                self._table.name,
-                exc,
-            )
+            with self._busy:
+                self._hint.open()
+            while not self._stopping:
+                try:
+                    self._loop()
+                    return
+                except BaseException as exc:  # noqa: BLE001 - nothing may end the thread
+                    if self._stopping or sys.is_finalizing():
+                        return
+                    backoff = min(max(backoff * 2, 0.05), 5.0)
+                    self._restarted(exc, backoff)
+                    self._wake.wait(backoff)
         finally:
             with self._busy:
                 self._reads.close()
                 self._hint.close()
             self._health.running = False
 
-    def _loop(self) -> None:
+    def _restarted(self, exc: BaseException, backoff: float) -> None:
+        self._more = False
+        self._health.errors += 1
+        self._health.restarts += 1
+        self._health.last_error = f"{type(exc).__name__}: {exc}"
+        self._health.last_error_at = time.time()
+        log.error(
+            "firm-channel listener for %s stopped by %r; restarting in %.2fs from id %s",
+            self._table.name,
+            exc,
+            backoff,
+            self._high_water,
+            exc_info=exc,
+        )
         with self._busy:
-            self._hint.open()
+            self._reads.close()
+
+    def _loop(self) -> None:
         backoff = 0.0
         next_safety_poll = 0.0
         last_poll, rows_last = 0.0, False
@@ -600,12 +629,15 @@ class Listener:
         return Message(row.id, row.channel, row.payload, row.created_at, cursor)
 
     def _call(self, sub: Subscription, value: Any, msg_id: int | None = None) -> None:
+        if not sub.inline:
+            self._callbacks.submit(sub, value, msg_id)
+            return
         try:
             sub.callback(value)
         except Exception:
             self._health.subscriber_errors += 1
             log.exception(
-                "firm-channel subscriber %r failed on channel %r, message %s",
+                "firm-channel consumer %r failed on channel %r, message %s",
                 sub.callback,
                 sub.channel,
                 msg_id if msg_id is not None else getattr(value, "id", "-"),

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from .callbacks import CallbackRunner
 from .connections import keep_inherited
 from .create import Created, create_table
 from .cursor import Cursor
@@ -58,11 +59,12 @@ class PubSub:
         self.dialect.configure_engine(sqlite_wal=self.settings.sqlite_wal)
         self._publisher = Publisher(engine, self.dialect, table, notify=self.settings.wake_hints)
         self._registry = SubscriptionRegistry()
+        self._callbacks = CallbackRunner()
         self._lock = threading.RLock()
         self._listener: Listener | None = None
         self._trimmer = Trimmer(self.dialect, table, self.settings)
         self._closed = False
-        self._held: list[Listener | Trimmer | Heartbeat] = []
+        self._held: list[Listener | Trimmer | Heartbeat | CallbackRunner] = []
         self._heartbeat = self._new_heartbeat()
         _instances.add(self)
 
@@ -115,8 +117,8 @@ class PubSub:
         if listener.alive:
             listener.wake()
         elif not self._closed:
-            # Only something like SystemExit raised in a callback ends the thread; it was
-            # logged. Carry on from where it stopped rather than stay silent.
+            # The thread restarts itself after any error; only a thread killed from
+            # outside (an interpreter shutting down) is gone. Carry on from where it stopped.
             self._start(resume=listener)
 
     # -- subscribing ----------------------------------------------------------------------
@@ -126,6 +128,11 @@ class PubSub:
 
         Messages come in the order their commits became visible: id order unless two
         transactions race (then a lower id that commits later comes later).
+
+        ``callback`` runs on a ``firm-channel-callbacks`` thread of this subscription's own,
+        one message at a time: a callback that blocks or raises delays no other subscription
+        and no stream. Past ``LANE_LIMIT`` (10,000) messages waiting for it, further ones are
+        dropped, logged and counted in ``health().callback_dropped``.
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
@@ -140,6 +147,7 @@ class PubSub:
         *,
         after: str | int | None = None,
         on_end: Callable[[], object] | None = None,
+        inline: bool = False,
     ) -> Subscription:
         """Call ``callback(message)`` with a :class:`Message` (id, channel, payload,
         created_at and a resume ``cursor``) for every message on ``channels``.
@@ -149,8 +157,11 @@ class PubSub:
         position, in id order, then goes live (in commit order, like :meth:`subscribe`) with
         no gap and no duplicate at the seam; a
         :class:`HistoryTrimmed` comes first when some of them were already trimmed.
-        ``callback`` runs in the listener thread and must not block. ``on_end()`` is called
-        once when this PubSub closes.
+        ``on_end()`` is called once when this PubSub closes.
+
+        ``callback`` runs on a thread of its own subscription (see :meth:`subscribe`);
+        ``inline=True`` calls it on the listener thread instead, for a callback that never
+        blocks or raises (appending to a queue, as the fan-out's consumers do).
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
@@ -169,6 +180,7 @@ class PubSub:
             wants_messages=True,
             resume=resume,
             on_end=on_end,
+            inline=inline,
         )
         return self._add(sub)
 
@@ -223,7 +235,13 @@ class PubSub:
 
             hint = make_hint(self.dialect, self.table, self.settings, on_wake, interested)
             listener = Listener(
-                self.engine, self.dialect, self.table, self.settings, self._registry, hint
+                self.engine,
+                self.dialect,
+                self.table,
+                self.settings,
+                self._registry,
+                hint,
+                self._callbacks,
             )
             listener_ref.append(listener)
             if resume is not None:
@@ -296,6 +314,7 @@ class PubSub:
             listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
+        self._callbacks.close()
         self._heartbeat.close()
         self._trimmer.close()
         self._publisher.close()
@@ -315,7 +334,11 @@ class PubSub:
     def _before_fork(self) -> None:
         """Let the threads finish their current database call and hold them outside the
         driver while the process forks."""
-        self._held = [t for t in (self._listener, self._trimmer, self._heartbeat) if t is not None]
+        self._held = [
+            t
+            for t in (self._listener, self._trimmer, self._heartbeat, self._callbacks)
+            if t is not None
+        ]
         for thread in self._held:
             thread.hold_for_fork()
 
@@ -331,6 +354,7 @@ class PubSub:
         self._held = []
         self._lock = threading.RLock()
         self._registry.after_fork()
+        self._callbacks.after_fork_in_child()
         previous, self._listener = self._listener, None
         keep_inherited(previous, self._trimmer)
         self._trimmer = Trimmer(self.dialect, self.table, self.settings)

@@ -34,6 +34,9 @@ class Subscription:
     #: commit, and the listener replays the rows after it before going live.
     resume: Cursor | None = None
     on_end: Callable[[], object] | None = None
+    #: The callback never blocks (a fan-out queue's append): it is called on the listener
+    #: thread itself. Every other callback runs on its own lane (``callbacks.py``).
+    inline: bool = False
     #: Set by the listener once it has caught this subscription up to its read position;
     #: live rows are dispatched to it from then on.
     started: bool = False

@@ -13,6 +13,7 @@ from sqlalchemy import Table, func, select
 from sqlalchemy.exc import DBAPIError
 
 from .dialects import Dialect
+from .forkhold import DriverHold
 from .settings import Duration, Settings, to_seconds
 from .table import utcnow
 
@@ -50,8 +51,8 @@ class Trimmer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        #: Held around a background batch; ``fork`` waits for it (see ``Listener``).
-        self._busy = threading.RLock()
+        #: Held around a background batch; ``fork`` waits for it (see ``forkhold.py``).
+        self._busy = DriverHold("trimmer")
         self.batches = 0
         self.deleted = 0
         self.errors = 0
@@ -144,10 +145,10 @@ class Trimmer:
                 log.exception("firm-channel background trim failed")
 
     def hold_for_fork(self) -> None:
-        self._busy.acquire()
+        self._busy.hold_for_fork()
 
     def release_after_fork(self) -> None:
-        self._busy.release()
+        self._busy.release_after_fork()
 
     def close(self, timeout: float = 2.0) -> None:
         with self._lock:

@@ -1,0 +1,186 @@
+"""Subscriber callbacks run off the listener thread, one lane per subscription.
+
+The listener thread only reads the table and hands rows off: a callback that blocks for
+seconds, or raises, must not hold back the other subscriptions, the process's streams (fed
+directly by the listener, see ``fanout.py``) or the listener itself (nor, through it, a
+``fork``). Each subscription gets a *lane*: a FIFO of pending calls served by at most one
+``firm-channel-callbacks`` thread at a time, so a subscription still sees its messages one at
+a time and in order, while a stuck lane delays only itself. A lane's thread lingers a moment
+after its queue empties (steady traffic does not start a thread per message) and then ends,
+so an idle process keeps none.
+
+A lane holds at most ``LANE_LIMIT`` pending calls. A callback that falls further behind
+loses the excess: each dropped message is counted in ``health().callback_dropped`` and the
+first of a run is logged as an error naming the subscription, the channel and the id.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections import deque
+from typing import Any
+
+from .subscriptions import Subscription
+
+log = logging.getLogger("flask_firm_channel")
+
+#: Pending calls one subscription may have before new ones are dropped (and logged).
+LANE_LIMIT = 10_000
+#: Seconds a lane's thread waits for more work before it ends.
+LINGER = 1.0
+
+Call = tuple[Any, "int | None"]
+
+
+class _Lane:
+    __slots__ = ("sub", "items", "running", "ready", "overflowing")
+
+    def __init__(self, sub: Subscription, lock: threading.Lock) -> None:
+        self.sub = sub
+        self.items: deque[Call] = deque()
+        self.running = False
+        self.ready = threading.Condition(lock)
+        self.overflowing = False
+
+
+class CallbackRunner:
+    """The lanes of one PubSub's subscriptions. :meth:`submit` never blocks."""
+
+    def __init__(self, limit: int = LANE_LIMIT, linger: float = LINGER) -> None:
+        self.limit = limit
+        self.linger = linger
+        #: Held only around queue bookkeeping, never across a callback (``fork`` takes it).
+        self._lock = threading.Lock()
+        self._lanes: dict[int, _Lane] = {}
+        self._threads: set[threading.Thread] = set()
+        self._closed = False
+        self.calls = 0
+        self.errors = 0
+        self.dropped = 0
+
+    # -- the listener's side ---------------------------------------------------------------
+
+    def submit(self, sub: Subscription, value: Any, msg_id: int | None) -> None:
+        """Queue ``sub.callback(value)`` on the subscription's lane."""
+        with self._lock:
+            if self._closed:
+                return
+            lane = self._lanes.get(id(sub))
+            if lane is None:
+                lane = self._lanes[id(sub)] = _Lane(sub, self._lock)
+            if len(lane.items) >= self.limit:
+                self.dropped += 1
+                first = not lane.overflowing
+                lane.overflowing = True
+            else:
+                first = False
+                lane.overflowing = False
+                lane.items.append((value, msg_id))
+                if lane.running:
+                    lane.ready.notify()
+                else:
+                    lane.running = True
+                    self._spawn(lane)
+        if first:
+            log.error(
+                "firm-channel subscriber %r on channel %r is %d messages behind; message %s "
+                "and the next ones while it stays that far behind are dropped",
+                sub.callback,
+                sub.channel,
+                self.limit,
+                msg_id if msg_id is not None else getattr(value, "id", "-"),
+            )
+
+    def _spawn(self, lane: _Lane) -> None:
+        thread = threading.Thread(
+            target=self._serve, args=(lane,), name="firm-channel-callbacks", daemon=True
+        )
+        self._threads.add(thread)
+        thread.start()
+
+    # -- a lane's thread ------------------------------------------------------------------
+
+    def _serve(self, lane: _Lane) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not lane.items and not self._closed:
+                        lane.ready.wait(self.linger)
+                    if not lane.items or self._closed:
+                        lane.running = False
+                        if self._lanes.get(id(lane.sub)) is lane and not lane.items:
+                            del self._lanes[id(lane.sub)]
+                        return
+                    value, msg_id = lane.items.popleft()
+                if lane.sub.active:
+                    self._call(lane.sub, value, msg_id)
+        finally:
+            with self._lock:
+                self._threads.discard(threading.current_thread())
+
+    def _call(self, sub: Subscription, value: Any, msg_id: int | None) -> None:
+        self.calls += 1
+        try:
+            sub.callback(value)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a callback too: logged
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)) and sys.is_finalizing():
+                return
+            self.errors += 1
+            log.error(
+                "firm-channel subscriber %r failed on channel %r, message %s; it keeps its "
+                "subscription",
+                sub.callback,
+                sub.channel,
+                msg_id if msg_id is not None else getattr(value, "id", "-"),
+                exc_info=exc,
+            )
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def backlog(self) -> int:
+        """Calls queued and not started yet, over every lane."""
+        with self._lock:
+            return sum(len(lane.items) for lane in self._lanes.values())
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Drop what is queued, let running callbacks finish (up to ``timeout``)."""
+        with self._lock:
+            self._closed = True
+            for lane in self._lanes.values():
+                lane.items.clear()
+                lane.ready.notify_all()
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        stuck = [t for t in threads if t.is_alive()]
+        if stuck:
+            log.warning(
+                "firm-channel: %d subscriber callback(s) still running at close; left to finish",
+                len(stuck),
+            )
+
+    # -- fork -------------------------------------------------------------------------------
+
+    def hold_for_fork(self) -> None:
+        """Only bookkeeping holds this lock, never a callback: this waits microseconds."""
+        self._lock.acquire()
+
+    def release_after_fork(self) -> None:
+        self._lock.release()
+
+    def after_fork_in_child(self) -> None:
+        """Threads do not survive ``fork``: serve what the parent had queued on new ones."""
+        self._lock = threading.Lock()
+        self._threads = set()
+        with self._lock:
+            for lane in list(self._lanes.values()):
+                lane.ready = threading.Condition(self._lock)
+                lane.running = bool(lane.items) and not self._closed
+                if lane.running:
+                    self._spawn(lane)
+                else:
+                    del self._lanes[id(lane.sub)]

@@ -1,0 +1,59 @@
+"""``DriverHold``: held by an engine thread while it is inside the database driver, so that
+``fork`` can wait until no thread is mid-call (a child must not inherit SQLite's mutexes or a
+half-read socket). It is never held across subscriber callbacks (they run on their own
+threads, see ``callbacks.py``), so a stuck callback cannot hold a fork back; a driver call that
+hangs (a table locked by another session, a server gone silent) holds it back for at most
+``FORK_WAIT`` seconds, after which the fork goes ahead with a warning: a gunicorn master must
+always be able to fork replacement workers, and the child never uses the parent's connections.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import TracebackType
+
+log = logging.getLogger("flask_firm_channel")
+
+#: Longest a fork waits for one engine thread to leave the driver.
+FORK_WAIT = 2.0
+
+
+class DriverHold:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.RLock()
+        self._held_for_fork = False
+        #: Forks that went ahead without waiting for this thread (it stayed in the driver).
+        self.fork_timeouts = 0
+
+    def __enter__(self) -> DriverHold:
+        self._lock.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._lock.release()
+
+    def hold_for_fork(self, timeout: float | None = None) -> None:
+        """Wait (at most ``FORK_WAIT``) until the thread is outside the driver, and keep it
+        there until :meth:`release_after_fork`."""
+        wait = FORK_WAIT if timeout is None else timeout
+        self._held_for_fork = self._lock.acquire(timeout=wait)
+        if not self._held_for_fork:
+            self.fork_timeouts += 1
+            log.warning(
+                "firm-channel %s has been inside the database driver for over %.1f s; "
+                "forking without waiting for it (the child opens its own connections)",
+                self.name,
+                wait,
+            )
+
+    def release_after_fork(self) -> None:
+        if self._held_for_fork:
+            self._held_for_fork = False
+            self._lock.release()
