@@ -43,6 +43,7 @@ from .engine.fanout import (
     QueueOverflow,
     TooManyConsumers,
 )
+from .engine.late import PendingBroadcast
 from .engine.settings import to_seconds
 
 if TYPE_CHECKING:
@@ -251,8 +252,17 @@ class FirmChannel:
             return pubsub.broadcast_many(messages)
         sess = _real_session(session)
         connection = sess.connection(bind_arguments={"bind": pubsub.engine})
+        messages = list(messages)
+        inserted = time.monotonic()
         ids = pubsub.broadcast_many(messages, connection=connection)
-        _wake_after_commit(sess, pubsub)
+        _wake_after_commit(
+            sess,
+            pubsub,
+            [
+                PendingBroadcast(_encoded(channel), msg_id, inserted)
+                for (channel, _), msg_id in zip(messages, ids, strict=True)
+            ],
+        )
         return ids
 
     def subscribe(self, channel: str | bytes, callback: Callable[[bytes], object]) -> Subscription:
@@ -551,26 +561,29 @@ def _real_session(session: Any) -> Session:
 _PENDING = "firm_channel_pending_wake"
 
 
-def _wake_after_commit(session: Session, pubsub: PubSub) -> None:
+def _wake_after_commit(
+    session: Session, pubsub: PubSub, broadcasts: list[PendingBroadcast]
+) -> None:
     """Wake this process's listener as soon as the session commits (other processes are
-    woken by the database's own hint, which also fires only at commit)."""
-    pending = session.info.get(_PENDING)
+    woken by the database's own hint, which also fires only at commit), and let the engine
+    check that the broadcasts committed within the commit grace."""
+    pending: dict[PubSub, list[PendingBroadcast]] | None = session.info.get(_PENDING)
     if pending is None:
-        pending = session.info[_PENDING] = set()
+        pending = session.info[_PENDING] = {}
         event.listen(session, "after_commit", _after_commit)
         event.listen(session, "after_rollback", _after_rollback)
-    pending.add(pubsub)
+    pending.setdefault(pubsub, []).extend(broadcasts)
 
 
 def _after_commit(session: Session) -> None:
-    pending = session.info.get(_PENDING) or set()
-    for pubsub in list(pending):
-        pubsub.committed()
+    pending = session.info.get(_PENDING) or {}
+    for pubsub, broadcasts in list(pending.items()):
+        pubsub.committed(broadcasts)
     pending.clear()
 
 
 def _after_rollback(session: Session) -> None:
-    (session.info.get(_PENDING) or set()).clear()
+    (session.info.get(_PENDING) or {}).clear()
 
 
 def is_serving_process() -> bool:

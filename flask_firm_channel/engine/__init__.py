@@ -5,6 +5,7 @@ from __future__ import annotations
 from .cursor import Cursor
 from .errors import MissingTableError
 from .health import ListenerHealth
+from .late import PendingBroadcast
 from .message import HistoryTrimmed, Message
 from .pubsub import PubSub
 from .settings import Settings
@@ -19,6 +20,7 @@ __all__ = [
     "ListenerHealth",
     "Message",
     "MissingTableError",
+    "PendingBroadcast",
     "PubSub",
     "Settings",
     "Subscription",

@@ -41,3 +41,6 @@ class ListenerHealth:
     high_water: int | None = None
     open_gaps: int = 0
     resets: int = 0
+    #: Broadcasts in a caller's transaction that committed past the commit grace (each
+    #: logged as a warning): listeners may have skipped them.
+    late_commits: int = 0

@@ -68,9 +68,11 @@ class Publisher:
         With ``connection`` the rows join the caller's transaction and are delivered only if
         it commits; otherwise they are committed here before returning.
         """
-        now = utcnow()
+        # ``created_at`` is taken as late as possible, right before the INSERT (after the
+        # connection is acquired): the commit grace counts from it.
         if connection is not None:
             ids = []
+            now = utcnow()
             for channel, payload in rows:
                 result = connection.execute(self._statement, self._values(channel, payload, now))
                 if self._returns_id:
@@ -83,6 +85,7 @@ class Publisher:
             committing = False
             try:
                 cursor = conn.cursor()
+                now = utcnow()
                 try:
                     params = [
                         self._driver_params(self._values(channel, payload, now))

@@ -20,6 +20,7 @@ from .dialects import dialect_for
 from .errors import database_errors, memory_database_error
 from .health import ListenerHealth
 from .heartbeat import Heartbeat
+from .late import LateCommits, PendingBroadcast
 from .listener import Listener
 from .message import HistoryTrimmed, Message
 from .publish import Publisher
@@ -60,6 +61,9 @@ class PubSub:
         self._publisher = Publisher(engine, self.dialect, table, notify=self.settings.wake_hints)
         self._registry = SubscriptionRegistry()
         self._callbacks = CallbackRunner()
+        self._late = LateCommits(
+            self.settings.commit_grace, serial_commits=self.dialect.serial_commits
+        )
         self._lock = threading.RLock()
         self._listener: Listener | None = None
         self._trimmer = Trimmer(self.dialect, table, self.settings)
@@ -106,8 +110,15 @@ class PubSub:
             self._trimmer.maybe_request(len(rows))
         return ids
 
-    def committed(self) -> None:
-        """Tell the local listener a transaction holding broadcasts just committed."""
+    def committed(self, broadcasts: Iterable[PendingBroadcast] = ()) -> None:
+        """Tell the local listener a transaction holding broadcasts just committed.
+
+        ``broadcasts`` are that transaction's (:class:`PendingBroadcast`: channel, id and the
+        monotonic time taken before the INSERT): each that committed later than the commit
+        grace after its INSERT is logged as a warning and counted in
+        ``health().late_commits``, since listeners may have skipped it.
+        """
+        self._late.check(broadcasts)
         self._wake_listener()
 
     def _wake_listener(self) -> None:
@@ -272,7 +283,9 @@ class PubSub:
     def health(self) -> ListenerHealth:
         """A snapshot of this process's listener: wake mode, polls, rows read, errors, lag."""
         listener = self._listener
-        return listener.health() if listener is not None else ListenerHealth()
+        health = listener.health() if listener is not None else ListenerHealth()
+        health.late_commits = self._late.count
+        return health
 
     @property
     def subscription_count(self) -> int:
