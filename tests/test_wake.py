@@ -335,7 +335,8 @@ def test_idle_listener_does_not_query_the_table(
         time.sleep(window)  # a measuring window, not a wait for a condition
         count = sum(1 for t in table_statements if t >= start)
         print(f"\n{backend}: {count} table queries in {window}s idle ({count / window:.1f}/s)")
-        assert 0 < count <= 25 * window
+        # 25 polls a second at the 40 ms idle pace, plus the once-a-second reset check.
+        assert 0 < count <= 26 * window + 1
         return
 
     # Quiet means: no table statement for a while (the poll that followed the wake is done).

@@ -24,6 +24,7 @@ from sqlalchemy import Engine, Table
 from .connections import dedicated_connection
 from .dialects import Dialect, notify_channel_name
 from .filewatch import FileWatch
+from .liveness import PING_PAYLOAD, Liveness
 from .settings import Settings
 
 log = logging.getLogger("flask_firm_channel")
@@ -266,10 +267,16 @@ class DataVersionHint(WakeHint):
 class NotifyHint(WakeHint):
     """PostgreSQL: ``LISTEN`` on a dedicated autocommit connection in its own thread. Every
     broadcast queues a ``NOTIFY`` carrying its channel hash inside its own transaction, so the
-    wake arrives at commit. If the connection drops, the listener polls until it is back."""
+    wake arrives at commit. If the connection drops, the listener polls until it is back.
+    After ``PING_AFTER`` seconds of silence the connection is checked with a self-NOTIFY
+    (``liveness.py``), so one silently dropped by a proxy or NAT is noticed and replaced."""
 
     mode = "notify"
     WAIT = 0.25
+    #: Seconds of silence after which the LISTEN connection is checked, and how long it has
+    #: to answer.
+    PING_AFTER = 15.0
+    PING_TIMEOUT = 5.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -277,6 +284,8 @@ class NotifyHint(WakeHint):
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         self.healthy = False
+        self.liveness = Liveness(self.PING_AFTER, self.PING_TIMEOUT)
+        self._notify_sql: Any = None
 
     def open(self) -> None:
         self._thread = threading.Thread(target=self._run, name="firm-channel-notify", daemon=True)
@@ -285,7 +294,7 @@ class NotifyHint(WakeHint):
     def detail(self) -> str:
         channel = notify_channel_name(self.table.name)
         if self.healthy:
-            return f"LISTEN {channel}"
+            return f"LISTEN {channel} ({self.liveness.describe()})"
         return f"LISTEN {channel} down; table polled every {self.settings.polling_interval:g} s"
 
     def next_timeout(self) -> float:
@@ -314,11 +323,14 @@ class NotifyHint(WakeHint):
                     # Whatever was sent while we were not listening is found by this poll.
                     self.on_wake()
                 for note in self._conn.notifies(timeout=self.WAIT):
-                    if self._wanted(note.payload):
+                    self.liveness.heard()
+                    if note.payload != PING_PAYLOAD and self._wanted(note.payload):
                         self.wakes += 1
                         self.on_wake()
                     if self._stop.is_set():
                         break
+                if self.liveness.due() and not self._stop.is_set():
+                    self.liveness.ping(self._conn, self._notify_sql)
             except Exception as exc:
                 if self._stop.is_set():
                     break
@@ -336,10 +348,13 @@ class NotifyHint(WakeHint):
             raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
         conn.rollback()
         conn.autocommit = True
-        conn.execute(
-            sql.SQL("LISTEN {}").format(sql.Identifier(notify_channel_name(self.table.name)))
+        channel = sql.Identifier(notify_channel_name(self.table.name))
+        conn.execute(sql.SQL("LISTEN {}").format(channel))
+        self._notify_sql = sql.SQL("SELECT pg_notify({}, %s)").format(
+            sql.Literal(notify_channel_name(self.table.name))
         )
         self._conn = conn
+        self.liveness.heard()
         self.healthy = True
 
     def _wanted(self, payload: str) -> bool:

@@ -1,0 +1,180 @@
+"""A LISTEN connection that a proxy or NAT silently stops forwarding (no reset, no error) is
+noticed by the hint's self-NOTIFY and replaced, so messages keep arriving in milliseconds rather
+than at the next safety poll. The proxy here is real TCP: a thread between the listener and
+PostgreSQL that can stop forwarding the LISTEN connection while keeping its sockets open."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from flask_firm_channel import PubSub, Settings
+from flask_firm_channel.engine.wake import NotifyHint
+
+from .conftest import wait_for
+
+
+class BlackHoleProxy:
+    """Forwards TCP to ``target``; :meth:`black_hole` stops forwarding every connection that
+    has sent a ``LISTEN``, in both directions, without closing anything."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.server, selectors.EVENT_READ)
+        self._peers: dict[socket.socket, socket.socket] = {}
+        self._listening: set[socket.socket] = set()
+        self._clients: set[socket.socket] = set()
+        self._holed: list[socket.socket] = []
+        self._hole = threading.Event()
+        self._stop = threading.Event()
+        self.connections = 0
+        self._thread = threading.Thread(target=self._run, name="test-proxy", daemon=True)
+        self._thread.start()
+
+    def black_hole(self) -> int:
+        """Stop forwarding the LISTEN connections open now; return how many."""
+        self._hole.set()
+        wait_for(lambda: not self._hole.is_set())
+        return len(self._holed) // 2
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._hole.is_set():
+                for client in list(self._listening):
+                    for sock in (client, self._peers[client]):
+                        self._sel.unregister(sock)
+                        self._holed.append(sock)
+                    self._listening.discard(client)
+                self._hole.clear()
+            for key, _ in self._sel.select(0.02):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock.fileno() == -1:  # closed with its peer earlier in this round
+                    continue
+                if sock is self.server:
+                    client, _ = self.server.accept()
+                    upstream = socket.create_connection(self.target)
+                    self._peers[client], self._peers[upstream] = upstream, client
+                    self._clients.add(client)
+                    self._sel.register(client, selectors.EVENT_READ)
+                    self._sel.register(upstream, selectors.EVENT_READ)
+                    self.connections += 1
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                peer = self._peers[sock]
+                if not data:
+                    for s in (sock, peer):
+                        self._sel.unregister(s)
+                        s.close()
+                    self._listening.discard(sock)
+                    self._listening.discard(peer)
+                    continue
+                if sock in self._clients and b"LISTEN" in data:
+                    self._listening.add(sock)
+                peer.sendall(data)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for sock in [*self._peers, *self._holed, self.server]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._sel.close()
+
+
+@pytest.fixture
+def proxy(engine: sa.Engine) -> Iterator[BlackHoleProxy]:
+    url = engine.url
+    p = BlackHoleProxy((url.host or "127.0.0.1", url.port or 5432))
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def quick_liveness(monkeypatch: pytest.MonkeyPatch) -> tuple[float, float]:
+    """Check the LISTEN connection after 0.5 s of silence, give it 0.5 s to answer."""
+    monkeypatch.setattr(NotifyHint, "PING_AFTER", 0.5)
+    monkeypatch.setattr(NotifyHint, "PING_TIMEOUT", 0.5)
+    return 0.5, 0.5
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_black_holed_listen_connection_is_noticed_and_replaced(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    proxy: BlackHoleProxy,
+    quick_liveness: tuple[float, float],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    proxied = sa.create_engine(engine.url.set(host="127.0.0.1", port=proxy.port))
+    # The safety poll is an hour away: only the hint can bring a message quickly.
+    listening = PubSub(proxied, table, Settings(auto_trim=False, safety_interval=3600))
+    publisher = make_pubsub(auto_trim=False)
+    received: list[tuple[bytes, float]] = []
+    try:
+        listening.subscribe("live", lambda p: received.append((p, time.monotonic())))
+        wait_for(lambda: listening.health().wake_healthy)
+        publisher.broadcast("live", "before")
+        wait_for(lambda: [p for p, _ in received] == [b"before"])
+        assert "self-NOTIFY" in listening.health().wake_detail
+        assert listening.health().wake_reconnects == 0
+
+        # Settled: the hint has heard itself once, so no wake of "before" is still on its way.
+        hint = listening._listener._hint  # type: ignore[union-attr]
+        wait_for(lambda: hint.liveness.pings >= 1)
+        assert proxy.black_hole() == 1
+        holed_at = time.monotonic()
+        publisher.broadcast("live", "while black-holed")
+        after, timeout = quick_liveness
+        bound = after + timeout + 2.0
+        wait_for(lambda: len(received) == 2, timeout=bound + 5)
+        took = received[1][1] - holed_at
+        print(f"black-holed LISTEN: message arrived {took:.2f} s later; {listening.health()}")
+        assert took < bound
+        wait_for(lambda: listening.health().wake_reconnects >= 1)
+        wait_for(lambda: listening.health().wake_healthy)
+        health = listening.health()
+        assert health.wake_errors >= 1
+        assert health.wake_last_error is not None and "self-NOTIFY" in health.wake_last_error
+
+        # The new LISTEN connection brings the next message by the hint, not by a poll.
+        sent = time.monotonic()
+        publisher.broadcast("live", "after")
+        wait_for(lambda: len(received) == 3)
+        assert received[2][1] - sent < 1.0
+        assert [p for p, _ in received] == [b"before", b"while black-holed", b"after"]
+    finally:
+        listening.close()
+        proxied.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_quiet_healthy_listen_connection_is_kept(
+    backend: str,
+    quick_liveness: tuple[float, float],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    pubsub = make_pubsub(auto_trim=False)
+    got: list[bytes] = []
+    pubsub.subscribe("quiet", got.append)
+    wait_for(lambda: pubsub.health().wake_healthy)
+    hint = pubsub._listener._hint  # type: ignore[union-attr]
+    wait_for(lambda: hint.liveness.pings >= 3, timeout=10)
+    health = pubsub.health()
+    assert health.wake_reconnects == 0 and health.wake_errors == 0
+    assert health.wakes == 0, "the self-NOTIFY woke the listener"
