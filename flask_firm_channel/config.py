@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Engine
+
 from .engine import Settings
-from .engine.settings import to_seconds
+from .engine.settings import positive_int, to_seconds
 
 #: Every key ``init_app`` reads, with its default (set with ``app.config.setdefault``).
 DEFAULTS: dict[str, Any] = {
@@ -55,21 +56,51 @@ def apply_defaults(config: dict[str, Any]) -> None:
         config.setdefault(key, value)
 
 
+#: The engine's own names for the config keys, so that its errors name the key to fix.
+_KEY_FOR_SETTING = {name: key for key, name in _SETTING_FOR_KEY.items()}
+
+#: The databases flask-firm-channel is built and tested for, by SQLAlchemy dialect name.
+SUPPORTED_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb")
+
+
 def settings_from_config(config: dict[str, Any]) -> Settings:
-    """Build validated Settings; a bad value is an error naming its config key."""
+    """Build validated Settings; a bad value is an error naming its config key (and so are
+    the engine's later errors about a setting, such as a payload over the limit)."""
     values = {}
     for key, name in _SETTING_FOR_KEY.items():
         values[name] = config[key]
     if values["heartbeat_interval"] is None:
         admin = flag(config, "FIRM_CHANNEL_ADMIN")
         values["heartbeat_interval"] = DEFAULT_HEARTBEAT_INTERVAL if admin else 0.0
-    try:
-        return Settings(**values)
-    except (TypeError, ValueError) as exc:
-        message = str(exc)
-        for key, name in _SETTING_FOR_KEY.items():
-            message = re.sub(rf"\b{name}\b", key, message)
-        raise type(exc)(message) from None
+    return Settings(**values, names=_KEY_FOR_SETTING)
+
+
+def bind_key(config: dict[str, Any], given: Any) -> str | None:
+    """The Flask-SQLAlchemy bind the table lives on: ``given`` (the constructor's
+    ``bind_key``) or ``FIRM_CHANNEL_BIND_KEY``, checked against ``SQLALCHEMY_BINDS``."""
+    name = "bind_key" if given is not None else "FIRM_CHANNEL_BIND_KEY"
+    key = given if given is not None else config["FIRM_CHANNEL_BIND_KEY"]
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise TypeError(f"{name} must be a Flask-SQLAlchemy bind key (a str), not {key!r}")
+    binds = config.get("SQLALCHEMY_BINDS") or {}
+    if key not in binds:
+        known = ", ".join(repr(k) for k in binds) or "none"
+        raise ValueError(f"{name} {key!r} is not in SQLALCHEMY_BINDS (its keys: {known})")
+    return key
+
+
+def check_dialect(engine: Engine, bind: str | None) -> None:
+    """Refuse a database other than SQLite, PostgreSQL and MySQL/MariaDB, naming the key
+    that points at it."""
+    if engine.dialect.name in SUPPORTED_DIALECTS:
+        return
+    where = "SQLALCHEMY_DATABASE_URI" if bind is None else f"SQLALCHEMY_BINDS[{bind!r}]"
+    raise ValueError(
+        f"{where} is a {engine.url.drivername!r} database; flask-firm-channel works on"
+        " SQLite, PostgreSQL and MySQL/MariaDB"
+    )
 
 
 def flag(config: dict[str, Any], key: str) -> bool:
@@ -108,18 +139,13 @@ def sse_settings_from_config(config: dict[str, Any]) -> SSESettings:
     return SSESettings(
         heartbeat=to_seconds(config["FIRM_CHANNEL_SSE_HEARTBEAT"], "FIRM_CHANNEL_SSE_HEARTBEAT"),
         retry=to_seconds(config["FIRM_CHANNEL_SSE_RETRY"], "FIRM_CHANNEL_SSE_RETRY"),
-        queue_size=positive_int(config, "FIRM_CHANNEL_SSE_QUEUE_SIZE"),
-        max_streams=positive_int(config, "FIRM_CHANNEL_SSE_MAX_STREAMS"),
+        queue_size=positive_int(
+            config["FIRM_CHANNEL_SSE_QUEUE_SIZE"], "FIRM_CHANNEL_SSE_QUEUE_SIZE"
+        ),
+        max_streams=positive_int(
+            config["FIRM_CHANNEL_SSE_MAX_STREAMS"], "FIRM_CHANNEL_SSE_MAX_STREAMS"
+        ),
     )
-
-
-def positive_int(config: dict[str, Any], key: str) -> int:
-    value = config[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{key} must be an integer, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{key} must be at least 1, got {value}")
-    return value
 
 
 def admin_prefix(config: dict[str, Any]) -> str:

@@ -45,6 +45,7 @@ from .engine.fanout import (
 )
 from .engine.late import PendingBroadcast
 from .engine.settings import to_seconds
+from .engine.validate import encode_message, encode_messages
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -147,12 +148,10 @@ class FirmChannel:
         settings = cfg.settings_from_config(app.config)
         sse_settings = cfg.sse_settings_from_config(app.config)
         listener_enabled = cfg.flag(app.config, "FIRM_CHANNEL_LISTENER")
-        bind_key = (
-            self.bind_key if self.bind_key is not None else app.config["FIRM_CHANNEL_BIND_KEY"]
-        )
-        if bind_key is not None and bind_key not in app.config.get("SQLALCHEMY_BINDS", {}):
-            raise ValueError(f"FIRM_CHANNEL_BIND_KEY {bind_key!r} is not in SQLALCHEMY_BINDS")
-        _refuse_memory_sqlite(app, db, bind_key)
+        admin = cfg.flag(app.config, "FIRM_CHANNEL_ADMIN")
+        prefix = cfg.admin_prefix(app.config)
+        bind_key = cfg.bind_key(app.config, self.bind_key)
+        _check_database(app, db, bind_key)
         metadata = db.metadatas.get(bind_key) or db._make_metadata(bind_key)
         table = message_table(metadata, self.table_name)
         app.extensions[EXTENSION_KEY] = FirmChannelState(
@@ -169,8 +168,8 @@ class FirmChannel:
         from .cli import firm_channel_cli
 
         app.cli.add_command(firm_channel_cli)
-        if cfg.flag(app.config, "FIRM_CHANNEL_ADMIN"):
-            self._mount_admin(app, cfg.admin_prefix(app.config))
+        if admin:
+            self._mount_admin(app, prefix)
 
     def _mount_admin(self, app: Flask, prefix: str) -> None:
         from .admin import register
@@ -241,26 +240,32 @@ class FirmChannel:
         With ``session`` (e.g. ``db.session``) the message joins that session's transaction:
         it is delivered only if the transaction commits, and never on rollback.
         """
-        return self.broadcast_many([(channel, payload)], session=session)[0]
+        row = encode_message(channel, payload, self.state().settings)
+        return self.broadcast_many([row], session=session)[0]
 
     def broadcast_many(
         self, messages: list[tuple[str | bytes, str | bytes]], *, session: Any = None
     ) -> list[int]:
-        """Broadcast several messages in one transaction; return their ids in order."""
+        """Broadcast several messages in one transaction; return their ids in order.
+
+        Every message is checked before anything is written; an error names the index of
+        the first bad one (``messages[2]: payload is ...``).
+        """
         pubsub = self.pubsub()
         if session is None:
             return pubsub.broadcast_many(messages)
+        # Checked before the session's transaction is touched.
+        rows = encode_messages(messages, pubsub.settings)
         sess = _real_session(session)
         connection = sess.connection(bind_arguments={"bind": pubsub.engine})
-        messages = list(messages)
         inserted = time.monotonic()
-        ids = pubsub.broadcast_many(messages, connection=connection)
+        ids = pubsub.broadcast_many(rows, connection=connection)
         _wake_after_commit(
             sess,
             pubsub,
             [
-                PendingBroadcast(_encoded(channel), msg_id, inserted)
-                for (channel, _), msg_id in zip(messages, ids, strict=True)
+                PendingBroadcast(channel, msg_id, inserted)
+                for (channel, _), msg_id in zip(rows, ids, strict=True)
             ],
         )
         return ids
@@ -528,14 +533,16 @@ class Listening(Iterator[Message]):
             pass
 
 
-def _refuse_memory_sqlite(app: Flask, db: SQLAlchemy, bind_key: str | None) -> None:
-    """An in-memory SQLite database cannot carry the table (see ``memory_database_error``).
+def _check_database(app: Flask, db: SQLAlchemy, bind_key: str | None) -> None:
+    """A database other than SQLite, PostgreSQL and MySQL/MariaDB is refused, and so is an
+    in-memory SQLite one, which cannot carry the table (see ``memory_database_error``).
     Creating the engine opens no connection."""
     with app.app_context():
         try:
             engine = db.engines[bind_key]
         except (KeyError, RuntimeError):
             return  # db.init_app(app) comes later: PubSub refuses it at first use
+    cfg.check_dialect(engine, bind_key)
     if dialect_for(engine).memory_database():
         setting = (
             "SQLALCHEMY_DATABASE_URI" if bind_key is None else f"SQLALCHEMY_BINDS[{bind_key!r}]"

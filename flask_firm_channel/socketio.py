@@ -168,7 +168,10 @@ class FirmChannelManager(PubSubManager):
         encoded = self.json.dumps(data)
         payload = encoded.encode("utf-8") if isinstance(encoded, str) else bytes(encoded)
         app = self._need_app()
-        return encode_payload(payload, self.firm_channel.state(app).settings.max_payload_size)
+        settings = self.firm_channel.state(app).settings
+        return encode_payload(
+            payload, settings.max_payload_size, settings.name_of("max_payload_size")
+        )
 
     def _publish(self, data: dict[str, Any]) -> None:
         """Store one message for every other server. A database error is retried once, then

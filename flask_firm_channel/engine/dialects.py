@@ -213,9 +213,7 @@ class SQLiteDialect(Dialect):
     def missing_table(self, orig: BaseException) -> bool:
         # sqlite3 has no error codes for this before Python 3.11's sqlite_errorname, and
         # then only SQLITE_ERROR: the message is what there is.
-        return type(orig).__name__ == "OperationalError" and str(orig).startswith(
-            "no such table"
-        )
+        return type(orig).__name__ == "OperationalError" and str(orig).startswith("no such table")
 
     def memory_database(self) -> bool:
         database = self.engine.url.database or ""
@@ -332,9 +330,7 @@ class MySQLDialect(Dialect):
         # MySQL's DDL commits on its own, so the lock is a named one held by the connection.
         name = f"firm_channel_ddl_{_lock_key(table_name) & 0xFFFFFFFFFFFF:x}"
         with self.engine.connect() as conn:
-            got = conn.execute(
-                select(func.get_lock(name, _SCHEMA_LOCK_TIMEOUT))
-            ).scalar()
+            got = conn.execute(select(func.get_lock(name, _SCHEMA_LOCK_TIMEOUT))).scalar()
             if got != 1:
                 raise TimeoutError(
                     f"waited {_SCHEMA_LOCK_TIMEOUT} s for another process creating table "

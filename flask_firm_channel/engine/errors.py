@@ -42,9 +42,7 @@ class MissingTableError(DBAPIError):
     """The message table does not exist (yet). ``.table_name`` names it; ``.orig`` is the
     driver's error."""
 
-    def __init__(
-        self, table_name: str, orig: BaseException, statement: str | None = None
-    ) -> None:
+    def __init__(self, table_name: str, orig: BaseException, statement: str | None = None) -> None:
         super().__init__(statement, None, orig)
         self.table_name = table_name
         # Replaces the driver's text as the first line of the message, which it still ends.

@@ -27,7 +27,7 @@ from .publish import Publisher
 from .settings import Duration, Settings
 from .subscriptions import Callback, Subscription, SubscriptionRegistry
 from .trim import Trimmer
-from .validate import encode_channel, encode_payload
+from .validate import encode_channel, encode_message, encode_messages
 from .wake import make_hint
 
 log = logging.getLogger("flask_firm_channel")
@@ -82,7 +82,8 @@ class PubSub:
         With ``connection``, the message joins that connection's transaction and is delivered
         only if it commits.
         """
-        return self.broadcast_many([(channel, payload)], connection=connection)[0]
+        row = encode_message(channel, payload, self.settings)
+        return self._publish([row], connection)[0]
 
     def broadcast_many(
         self,
@@ -92,13 +93,13 @@ class PubSub:
     ) -> list[int]:
         """Broadcast several messages in one transaction; return their ids in order.
 
-        Every message is validated before anything is written. Database errors are raised as
-        SQLAlchemy's ``DBAPIError`` (:class:`MissingTableError` for a missing table).
+        Every message is validated before anything is written; an error names the index of
+        the bad one. Database errors are raised as SQLAlchemy's ``DBAPIError``
+        (:class:`MissingTableError` for a missing table).
         """
-        rows = [
-            (encode_channel(ch), encode_payload(p, self.settings.max_payload_size))
-            for ch, p in messages
-        ]
+        return self._publish(encode_messages(messages, self.settings), connection)
+
+    def _publish(self, rows: list[tuple[bytes, bytes]], connection: Connection | None) -> list[int]:
         if not rows:
             return []
         with database_errors(self.dialect, self.table.name):

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 Duration = float | int | timedelta
 
+#: The longest duration accepted anywhere (100 years): longer ones overflow a thread's wait
+#: and the date arithmetic of trimming, deep inside, long after they were given.
+MAX_SECONDS = 100 * 365 * 86400.0
+#: The largest trim batch. A batch's ids are bound one parameter each in its DELETE, and
+#: SQLite takes at most 32766 parameters in a statement (PostgreSQL 65535); a batch this big
+#: already holds its row locks long enough.
+MAX_TRIM_BATCH_SIZE = 10_000
+#: The largest payload limit: PostgreSQL stores at most 1 GiB in one value.
+MAX_PAYLOAD_LIMIT = 1024 * 1024 * 1024
+
 
 def to_seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
-    """Seconds as a float from a number or a :class:`~datetime.timedelta`; errors name ``name``."""
+    """Seconds as a float from a number or a :class:`~datetime.timedelta`, at most
+    :data:`MAX_SECONDS`; errors name ``name``."""
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -25,15 +37,28 @@ def to_seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = "0 or more" if allow_zero else "more than 0"
         raise ValueError(f"{name} must be {bound} seconds, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(
+            f"{name} must be at most {MAX_SECONDS:.0f} seconds (100 years), got {value!r}"
+        )
     return seconds
 
 
-def _positive_int(value: Any, name: str) -> int:
+def positive_int(value: Any, name: str, maximum: int | None = None) -> int:
+    """``value`` checked to be an ``int`` (not a ``bool``) from 1 to ``maximum``; errors
+    name ``name``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
     if value < 1:
         raise ValueError(f"{name} must be at least 1, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be at most {maximum}, got {value}")
     return value
+
+
+def trim_batch_size(value: Any, name: str = "batch_size") -> int:
+    """A trim batch size: an integer from 1 to :data:`MAX_TRIM_BATCH_SIZE`."""
+    return positive_int(value, name, MAX_TRIM_BATCH_SIZE)
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -46,7 +71,9 @@ def _flag(value: Any, name: str) -> bool:
 class Settings:
     """How one :class:`~flask_firm_channel.engine.PubSub` behaves.
 
-    Durations are seconds (a ``timedelta`` is accepted and converted).
+    Durations are seconds (a ``timedelta`` is accepted and converted). ``names`` says what
+    each setting is called where the user set it (the Flask layer passes its
+    ``FIRM_CHANNEL_*`` keys), so that errors about a value name the place to fix it.
     """
 
     #: Sleep between table polls when no wake hint is available (the safety net's pace).
@@ -72,30 +99,33 @@ class Settings:
     #: Seconds between the heartbeats a listening process stores for the admin console's
     #: process list (``heartbeat.py``); 0 sends none.
     heartbeat_interval: float = 0.0
+    names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        set_(self, "polling_interval", to_seconds(self.polling_interval, "polling_interval"))
-        set_(self, "commit_grace", to_seconds(self.commit_grace, "commit_grace", allow_zero=True))
-        set_(
-            self,
-            "message_retention",
-            to_seconds(self.message_retention, "message_retention", allow_zero=True),
-        )
-        set_(self, "safety_interval", to_seconds(self.safety_interval, "safety_interval"))
-        set_(
-            self,
-            "heartbeat_interval",
-            to_seconds(self.heartbeat_interval, "heartbeat_interval", allow_zero=True),
-        )
+        if not isinstance(self.names, Mapping):
+            raise TypeError(f"names must be a mapping, not {type(self.names).__name__}")
+        label = self.name_of
+        for name, allow_zero in (
+            ("polling_interval", False),
+            ("commit_grace", True),
+            ("message_retention", True),
+            ("safety_interval", False),
+            ("heartbeat_interval", True),
+        ):
+            seconds = to_seconds(getattr(self, name), label(name), allow_zero=allow_zero)
+            object.__setattr__(self, name, seconds)
         if self.message_retention < self.commit_grace:
             raise ValueError(
-                f"message_retention ({self.message_retention:g} s) must be at least "
-                f"commit_grace ({self.commit_grace:g} s): a row younger than the commit grace "
-                "may sit above a transaction that has not committed yet, and trimming it "
-                "could delete messages a listener has not read"
+                f"{label('message_retention')} ({self.message_retention:g} s) must be at least "
+                f"{label('commit_grace')} ({self.commit_grace:g} s): a row younger than the"
+                " commit grace may sit above a transaction that has not committed yet, and"
+                " trimming it could delete messages a listener has not read"
             )
-        _positive_int(self.trim_batch_size, "trim_batch_size")
-        _positive_int(self.max_payload_size, "max_payload_size")
+        trim_batch_size(self.trim_batch_size, label("trim_batch_size"))
+        positive_int(self.max_payload_size, label("max_payload_size"), MAX_PAYLOAD_LIMIT)
         for name in ("auto_trim", "wake_hints", "sqlite_wal"):
-            _flag(getattr(self, name), name)
+            _flag(getattr(self, name), label(name))
+
+    def name_of(self, setting: str) -> str:
+        """What ``setting`` is called where the user set it (its config key, say)."""
+        return self.names.get(setting, setting)

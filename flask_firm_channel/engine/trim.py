@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 
 from .dialects import Dialect
 from .forkhold import DriverHold
-from .settings import Duration, Settings, to_seconds
+from .settings import Duration, Settings, to_seconds, trim_batch_size
 from .table import utcnow
 
 log = logging.getLogger("flask_firm_channel")
@@ -83,9 +83,7 @@ class Trimmer:
         (naive UTC) replaces ``older_than`` with a fixed instant; ``max_seconds`` stops after
         the batch that ends past that long (the rest is left for a later call).
         """
-        size = self._settings.trim_batch_size if batch_size is None else batch_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {size!r}")
+        size = self._settings.trim_batch_size if batch_size is None else trim_batch_size(batch_size)
         if cutoff is None:
             cutoff = self.cutoff(older_than)
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
