@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import queue
 import re
 import time
@@ -17,7 +18,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from .engine import PubSub
 from .engine.errors import database_errors, one_line
+from .engine.settings import MAX_SECONDS, MAX_TRIM_BATCH_SIZE
 from .engine.stats import channel_stats, table_stats
+from .engine.validate import encode_channel
 
 
 class _Commands(AppGroup):
@@ -37,15 +40,47 @@ firm_channel_cli = _Commands(
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+#: Most channels ``stats`` lists (each is a group in one bounded query).
+MAX_STATS_CHANNELS = 1000
+
+
 def parse_duration(value: str) -> timedelta:
-    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` or ``1w`` as a timedelta."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value)
+    """``90``, ``90s``, ``15m``, ``2h``, ``1d`` or ``1w`` as a timedelta (at most 100 years)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value, re.ASCII)
     if not match:
         raise click.BadParameter(
             f"{value!r} is not a duration; use seconds or a number with s, m, h, d or w (e.g. 12h)"
         )
     number, unit = match.groups()
-    return timedelta(seconds=float(number) * _UNITS[unit or "s"])
+    seconds = float(number) * _UNITS[unit or "s"]
+    if seconds > MAX_SECONDS:
+        raise click.BadParameter(f"{value!r} is longer than 100 years")
+    return timedelta(seconds=seconds)
+
+
+def _argument(value: str) -> str | bytes:
+    """A command-line argument as given: bytes that are not UTF-8 reach Python as
+    ``surrogateescape`` characters, and are sent as those same bytes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return os.fsencode(value)
+        except UnicodeEncodeError:
+            return value  # not from the command line: the engine says what is wrong
+    return value
+
+
+def _channels(names: tuple[str, ...]) -> dict[str, bytes]:
+    """Each CHANNEL argument checked and encoded, before anything touches the database."""
+    encoded = {}
+    for name in names:
+        try:
+            encoded[name] = encode_channel(_argument(name))
+        except (TypeError, ValueError) as exc:
+            given = name if len(name) <= 40 else name[:40] + "..."
+            raise click.BadParameter(f"{given!r}: {exc}", param_hint="'CHANNEL'") from None
+    return encoded
 
 
 class _Duration(click.ParamType):
@@ -93,10 +128,15 @@ def create_table() -> None:
 @click.argument("payload")
 def broadcast(channel: str, payload: str) -> None:
     """Broadcast PAYLOAD (text) on CHANNEL and print the message id."""
+    pubsub = _pubsub()
     try:
-        msg_id = _pubsub().broadcast(channel, payload)
+        channel_bytes = encode_channel(_argument(channel))
     except (TypeError, ValueError) as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.BadParameter(str(exc), param_hint="'CHANNEL'") from None
+    try:
+        msg_id = pubsub.broadcast(channel_bytes, _argument(payload))
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="'PAYLOAD'") from None
     click.echo(msg_id)
 
 
@@ -109,13 +149,14 @@ def tail(
     channel: tuple[str, ...], count: int | None, timeout: timedelta | None, as_hex: bool
 ) -> None:
     """Print messages on CHANNEL(s) as they arrive, until Ctrl-C."""
+    encoded = _channels(channel)
     shared = _pubsub()
     # A PubSub of its own: the app's subscriptions (made by its factory, say) stay in the
     # app's, so an operator tailing a channel never runs the app's callbacks.
     pubsub = PubSub(shared.engine, shared.table, shared.settings, autostart=False)
     try:
         _check_table(pubsub)
-        _tail(pubsub, channel, count, timeout, as_hex)
+        _tail(pubsub, encoded, count, timeout, as_hex)
     finally:
         pubsub.close()
 
@@ -132,18 +173,16 @@ def _check_table(pubsub: PubSub) -> None:
 
 def _tail(
     pubsub: PubSub,
-    channel: tuple[str, ...],
+    channel: dict[str, bytes],
     count: int | None,
     timeout: timedelta | None,
     as_hex: bool,
 ) -> None:
     received: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
-    subs = []
-    for name in channel:
-        try:
-            subs.append(pubsub.subscribe(name, functools.partial(_put, received, name)))
-        except (TypeError, ValueError) as exc:
-            raise click.UsageError(str(exc)) from None
+    subs = [
+        pubsub.subscribe(data, functools.partial(_put, received, name))
+        for name, data in channel.items()
+    ]
     pubsub.start()
     click.echo(f"Listening on {', '.join(channel)} (Ctrl-C to stop)", err=True)
     deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
@@ -169,7 +208,12 @@ def _tail(
 
 @firm_channel_cli.command("stats")
 @click.option(
-    "--channels", "limit", default=10, show_default=True, help="Busiest channels to list."
+    "--channels",
+    "limit",
+    default=10,
+    show_default=True,
+    type=click.IntRange(0, MAX_STATS_CHANNELS),
+    help="Busiest channels to list.",
 )
 def stats(limit: int) -> None:
     """Show message counts, sizes, ages and the busiest channels."""
@@ -200,7 +244,11 @@ def stats(limit: int) -> None:
 @click.option(
     "--older-than", type=_Duration(), help="Age to trim (e.g. 12h); default: the retention."
 )
-@click.option("--batch-size", type=click.IntRange(min=1), help="Rows per delete transaction.")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, MAX_TRIM_BATCH_SIZE),
+    help="Rows per delete transaction.",
+)
 @click.option("--dry-run", is_flag=True, help="Only count what would be deleted.")
 def trim(older_than: timedelta | None, batch_size: int | None, dry_run: bool) -> None:
     """Delete every message older than the retention (or --older-than), batch by batch."""
