@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import hypothesis
 import pytest
 import sqlalchemy as sa
 from flask import Flask
@@ -31,6 +32,13 @@ SERVER_URLS = {
 }
 BACKENDS = ["sqlite", "postgresql", "mysql"]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+# Property tests: the same examples on every CI run (a failure there reproduces anywhere);
+# random ones, remembered in .hypothesis/, on a developer's machine. HYPOTHESIS_PROFILE
+# picks one explicitly.
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis.settings.register_profile("dev", print_blob=True)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if IN_CI else "dev"))
 
 _reachable: dict[str, str | None] = {}
 _skipped_backends: set[str] = set()
