@@ -6,21 +6,17 @@ unchanged. On every backend, on one table per backend shared by the examples."""
 from __future__ import annotations
 
 import queue
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from flask import Flask
-from flask_sqlalchemy import SQLAlchemy
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from flask_firm_channel import FirmChannel, PubSub, Settings, message_table
+from flask_firm_channel import PubSub, Settings, message_table
 
-from .conftest import BACKENDS, SERVER_URLS, require_backend
+from .conftest import BACKENDS
 from .input_strategies import (
     Refused,
     channels,
@@ -30,11 +26,11 @@ from .input_strategies import (
     good_payloads,
     payloads,
 )
+from .shared_table import World, shared_world
 
 #: A small limit keeps examples at and around it cheap; the default is tested on its own.
 LIMIT = 2048
 LIMIT_KEY = "FIRM_CHANNEL_MAX_PAYLOAD_SIZE"
-DELIVERY_TIMEOUT = 10.0
 
 PROPERTY = settings(
     max_examples=60,
@@ -43,72 +39,15 @@ PROPERTY = settings(
 )
 
 
-@dataclass
-class World:
-    """One app on one backend, its listener running, for all the examples of a module."""
-
-    app: Flask
-    db: SQLAlchemy
-    fc: FirmChannel
-    delivered: queue.SimpleQueue[tuple[int, bytes]]
-
-    def state(self) -> tuple[int, int]:
-        """(row count, highest id)."""
-        t = self.fc.table
-        with self.db.engine.connect() as conn:
-            count, top = conn.execute(sa.select(sa.func.count(), sa.func.max(t.c.id))).one()
-        return int(count), int(top)
-
-    def row(self, msg_id: int) -> tuple[bytes, bytes]:
-        t = self.fc.table
-        with self.db.engine.connect() as conn:
-            ch, payload = conn.execute(
-                sa.select(t.c.channel, t.c.payload).where(t.c.id == msg_id)
-            ).one()
-        return bytes(ch), bytes(payload)
-
-    def next_id(self) -> int:
-        """The id the next broadcast gets (this stores a probe message)."""
-        return self.fc.broadcast("probe", b"")
-
-    def wait_for(self, token: int) -> bytes:
-        while True:
-            got_token, payload = self.delivered.get(timeout=DELIVERY_TIMEOUT)
-            if got_token == token:
-                return payload
-
-
 @pytest.fixture(scope="module", params=BACKENDS)
 def world(request: pytest.FixtureRequest, tmp_path_factory: Any) -> Iterator[World]:
-    backend = request.param
-    require_backend(backend)
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('props') / 'firm_channel.db'}"
-    else:
-        url = SERVER_URLS[backend]
-    app = Flask(f"props_{backend}")
-    app.config.update(
-        SQLALCHEMY_DATABASE_URI=url,
+    with shared_world(
+        request.param,
+        tmp_path_factory,
         FIRM_CHANNEL_MAX_PAYLOAD_SIZE=LIMIT,
         FIRM_CHANNEL_AUTO_TRIM=False,
-    )
-    db = SQLAlchemy(app)
-    fc = FirmChannel(app, table_name=f"fc_test_{uuid.uuid4().hex[:10]}")
-    w = World(app, db, fc, queue.SimpleQueue())
-    with app.app_context():
-        db.create_all()
-        fc.broadcast("seed", b"seed")
-        # A standing subscription, and one delivery through it: the listener and its wake
-        # hint's threads start here, not in the first example.
-        fc.subscribe("seed", lambda p: w.delivered.put((0, p)))
-        fc.start()
-        fc.broadcast("seed", b"started")
-        assert w.wait_for(0) == b"started"
-    yield w
-    fc.close(app)
-    with app.app_context():
-        fc.table.drop(db.engine, checkfirst=True)
-        db.engine.dispose()
+    ) as w:
+        yield w
 
 
 _tokens = iter(range(1, 10**9))
@@ -285,7 +224,7 @@ def test_default_limit_round_trips_and_one_byte_more_is_refused(make_app: Any) -
         fc.subscribe("big", delivered.put)
         fc.start()
         msg_id = fc.broadcast("big", b"\xa5" * limit)
-        assert delivered.get(timeout=DELIVERY_TIMEOUT) == b"\xa5" * limit
+        assert delivered.get(timeout=10.0) == b"\xa5" * limit
         for payload in (b"\xa5" * (limit + 1), "é" * (limit // 2) + "a"):
             with pytest.raises(ValueError) as info:
                 fc.broadcast("big", payload)
