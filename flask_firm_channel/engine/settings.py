@@ -14,8 +14,8 @@ Duration = float | int | timedelta
 #: and the date arithmetic of trimming, deep inside, long after they were given.
 MAX_SECONDS = 100 * 365 * 86400.0
 #: The largest trim batch. A batch's ids are bound one parameter each in its DELETE, and
-#: SQLite takes at most 32766 parameters in a statement (PostgreSQL 65535); a batch this big
-#: already holds its row locks long enough.
+#: PostgreSQL takes at most 65535 parameters in a statement (a bigger batch fails once that
+#: many rows have expired); a batch of this size already holds its row locks long enough.
 MAX_TRIM_BATCH_SIZE = 10_000
 #: The largest payload limit: PostgreSQL stores at most 1 GiB in one value.
 MAX_PAYLOAD_LIMIT = 1024 * 1024 * 1024
