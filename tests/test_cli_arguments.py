@@ -232,7 +232,7 @@ def test_broadcast_arguments(cli: CliWorld, channel: str, payload: str) -> None:
     want_channel = expected_channel(as_argv(channel))
     want_payload = expected_payload(as_argv(payload), LIMIT, LIMIT_KEY)
     before = cli.count()
-    result = cli.invoke("broadcast", channel, payload)
+    result = cli.invoke("broadcast", "--", channel, payload)
     for which, want in (("CHANNEL", want_channel), ("PAYLOAD", want_payload)):
         if isinstance(want, Refused):
             event("refused")
@@ -259,9 +259,10 @@ def test_broadcast_arguments(cli: CliWorld, channel: str, payload: str) -> None:
 def test_tail_arguments(
     cli: CliWorld, channels: list[str], count: str | None, timeout: str
 ) -> None:
-    args = ["tail", *channels, "--timeout", timeout]
+    args = ["tail", "--timeout", timeout]
     if count is not None:
         args += ["--count", count]
+    args += ["--", *channels]  # a channel may start with "-"
     bad_count = count is not None and expected_int(count, 1, None) is None
     bad_timeout = expected_duration(timeout) is None
     bad_channel = next(
