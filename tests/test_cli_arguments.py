@@ -33,6 +33,8 @@ LIMIT_KEY = "FIRM_CHANNEL_MAX_PAYLOAD_SIZE"
 MAX_SECONDS = 100 * 365 * 86400
 MAX_BATCH = 10_000
 MAX_STATS_CHANNELS = 1000
+#: ``FIRM_CHANNEL_COMMIT_GRACE``: a trim of younger rows is refused.
+GRACE = 5.0
 
 PROPERTY = settings(
     max_examples=40,
@@ -211,6 +213,15 @@ def test_trim_arguments(cli: CliWorld, older: str, batch: str | None, dry_run: b
         event("refused")
         option = "--older-than" if seconds is None else "--batch-size"
         assert_usage_error(result, f"Invalid value for '{option}'")
+        assert cli.count() == before
+        cli.assert_next_id_unchanged()
+        return
+    if seconds < GRACE:
+        event("younger than the grace")
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+        assert "shorter than FIRM_CHANNEL_COMMIT_GRACE" in result.output
         assert cli.count() == before
         cli.assert_next_id_unchanged()
         return
