@@ -16,7 +16,7 @@ from flask.cli import AppGroup
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from .engine import PubSub
+from .engine import Message, PubSub
 from .engine.errors import database_errors, one_line
 from .engine.settings import MAX_SECONDS, MAX_TRIM_BATCH_SIZE
 from .engine.stats import channel_stats, table_stats
@@ -161,8 +161,11 @@ def tail(
         pubsub.close()
 
 
-def _put(received: queue.SimpleQueue[tuple[str, bytes]], name: str, payload: bytes) -> None:
-    received.put((name, payload))
+def _put(
+    received: queue.SimpleQueue[tuple[str, bytes]], names: dict[bytes, str], item: Any
+) -> None:
+    if isinstance(item, Message):
+        received.put((names.get(item.channel, repr(item.channel)), item.payload))
 
 
 def _check_table(pubsub: PubSub) -> None:
@@ -179,9 +182,13 @@ def _tail(
     as_hex: bool,
 ) -> None:
     received: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+    names = {data: name for name, data in channel.items()}
+    # One subscription for every channel, called on the listener thread (a queue put never
+    # blocks): the lines come in the order the messages were committed.
     subs = [
-        pubsub.subscribe(data, functools.partial(_put, received, name))
-        for name, data in channel.items()
+        pubsub.subscribe_messages(
+            list(channel.values()), functools.partial(_put, received, names), inline=True
+        )
     ]
     pubsub.start()
     click.echo(f"Listening on {', '.join(channel)} (Ctrl-C to stop)", err=True)

@@ -56,7 +56,6 @@ class CallbackRunner:
         self._lanes: dict[int, _Lane] = {}
         self._threads: set[threading.Thread] = set()
         self._closed = False
-        self.calls = 0
         self.errors = 0
         self.dropped = 0
 
@@ -121,13 +120,13 @@ class CallbackRunner:
                 self._threads.discard(threading.current_thread())
 
     def _call(self, sub: Subscription, value: Any, msg_id: int | None) -> None:
-        self.calls += 1
         try:
             sub.callback(value)
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a callback too: logged
             if isinstance(exc, (SystemExit, KeyboardInterrupt)) and sys.is_finalizing():
                 return
-            self.errors += 1
+            with self._lock:  # lanes fail concurrently; no count may be lost
+                self.errors += 1
             log.error(
                 "firm-channel subscriber %r failed on channel %r, message %s; it keeps its "
                 "subscription",
