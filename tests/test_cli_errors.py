@@ -34,9 +34,9 @@ def _app(url: str, table_name: str) -> Flask:
     app = Flask("cli_errors")
     app.config.update(
         SQLALCHEMY_DATABASE_URI=url,
-        SQLALCHEMY_ENGINE_OPTIONS={"connect_args": {} if url.startswith("sqlite") else {
-            "connect_timeout": 3
-        }},
+        SQLALCHEMY_ENGINE_OPTIONS={
+            "connect_args": {} if url.startswith("sqlite") else {"connect_timeout": 3}
+        },
     )
     SQLAlchemy(app)
     FirmChannel(app, table_name=table_name)

@@ -51,9 +51,9 @@ def test_concurrent_create_table(
                 assert code == 0, err
                 assert "Traceback" not in err
             outs = sorted(out.strip() for _, out, _ in results)
-            assert outs == [f"Created table {table}."] + [
-                f"Table {table} already exists."
-            ] * (PROCESSES - 1)
+            assert outs == [f"Created table {table}."] + [f"Table {table} already exists."] * (
+                PROCESSES - 1
+            )
             inspector = sa.inspect(engine)
             assert inspector.has_table(table)
             assert sorted(ix["name"] for ix in inspector.get_indexes(table)) == [

@@ -7,11 +7,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
+
+from flask_firm_channel import PubSub, Settings
 
 from .conftest import wait_for
+from .tcp_proxy import BlackHoleProxy
 
 GRACE = 0.3
 
@@ -70,3 +75,31 @@ def test_a_commit_within_the_grace_is_not_reported(
         db.session.rollback()
         assert fc.health().late_commits == 0
     assert not [r for r in caplog.records if "commit grace" in r.getMessage()]
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
+def test_created_at_is_taken_after_the_connection_is_made(
+    backend: str, engine: sa.Engine, table: sa.Table
+) -> None:
+    """The commit grace counts from ``created_at``: a broadcast that first waits for a
+    connection must not start its window early."""
+    url = engine.url
+    proxy = BlackHoleProxy((url.host or "127.0.0.1", url.port or 0), handshake_delay=0.4)
+    slow = sa.create_engine(url.set(host="127.0.0.1", port=proxy.port))
+    pubsub = PubSub(slow, table, Settings(auto_trim=False), autostart=False)
+    try:
+        before = datetime.now(timezone.utc).replace(tzinfo=None)
+        started = time.monotonic()
+        msg_id = pubsub.broadcast("slow", "connecting first")
+        assert time.monotonic() - started >= 0.4, "the broadcast did not make a new connection"
+        with engine.connect() as conn:
+            created_at = conn.execute(
+                sa.select(table.c.created_at).where(table.c.id == msg_id)
+            ).scalar_one()
+        waited = (created_at - before).total_seconds()
+        print(f"{backend}: created_at {waited:.3f} s after the call, past a 0.4 s connect")
+        assert waited >= 0.35
+    finally:
+        pubsub.close()
+        slow.dispose()
+        proxy.close()

@@ -28,7 +28,7 @@ def test_quickstart_callback_logs_and_does_not_print(
 ) -> None:
     code = quickstart_code()
     assert "print(" not in code
-    assert 'sqlite:///app.db' in code
+    assert "sqlite:///app.db" in code
     code = code.replace("sqlite:///app.db", f"sqlite:///{tmp_path / 'app.db'}")
     namespace: dict[str, Any] = {"__name__": "readme_quickstart"}
     exec(compile(code, str(README), "exec"), namespace)
@@ -40,7 +40,7 @@ def test_quickstart_callback_logs_and_does_not_print(
             firm_channel.broadcast("room:42", b'{"msg": "hi"}')
         wait_for(
             lambda: any(
-                r.name == "readme_quickstart" and r.getMessage() == "got b'{\"msg\": \"hi\"}'"
+                r.name == "readme_quickstart" and r.getMessage() == 'got b\'{"msg": "hi"}\''
                 for r in caplog.records
             )
         )

@@ -1,0 +1,93 @@
+"""A real TCP proxy for tests: a thread between a client and a database server that can
+slow down new connections or silently stop forwarding (a proxy or NAT dropping a connection
+without a reset)."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+
+from .conftest import wait_for
+
+
+class BlackHoleProxy:
+    """Forwards TCP to ``target``; :meth:`black_hole` stops forwarding every connection that
+    has sent a ``LISTEN``, in both directions, without closing anything."""
+
+    def __init__(self, target: tuple[str, int], handshake_delay: float = 0.0) -> None:
+        self.target = target
+        #: Seconds each new connection waits before it reaches the server (a slow network
+        #: or a busy server at connect time).
+        self.handshake_delay = handshake_delay
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.server, selectors.EVENT_READ)
+        self._peers: dict[socket.socket, socket.socket] = {}
+        self._listening: set[socket.socket] = set()
+        self._clients: set[socket.socket] = set()
+        self._holed: list[socket.socket] = []
+        self._hole = threading.Event()
+        self._stop = threading.Event()
+        self.connections = 0
+        self._thread = threading.Thread(target=self._run, name="test-proxy", daemon=True)
+        self._thread.start()
+
+    def black_hole(self) -> int:
+        """Stop forwarding the LISTEN connections open now; return how many."""
+        self._hole.set()
+        wait_for(lambda: not self._hole.is_set())
+        return len(self._holed) // 2
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._hole.is_set():
+                for client in list(self._listening):
+                    for sock in (client, self._peers[client]):
+                        self._sel.unregister(sock)
+                        self._holed.append(sock)
+                    self._listening.discard(client)
+                self._hole.clear()
+            for key, _ in self._sel.select(0.02):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock.fileno() == -1:  # closed with its peer earlier in this round
+                    continue
+                if sock is self.server:
+                    client, _ = self.server.accept()
+                    if self.handshake_delay:
+                        time.sleep(self.handshake_delay)  # the delay is what is simulated
+                    upstream = socket.create_connection(self.target)
+                    self._peers[client], self._peers[upstream] = upstream, client
+                    self._clients.add(client)
+                    self._sel.register(client, selectors.EVENT_READ)
+                    self._sel.register(upstream, selectors.EVENT_READ)
+                    self.connections += 1
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                peer = self._peers[sock]
+                if not data:
+                    for s in (sock, peer):
+                        self._sel.unregister(s)
+                        s.close()
+                    self._listening.discard(sock)
+                    self._listening.discard(peer)
+                    continue
+                if sock in self._clients and b"LISTEN" in data:
+                    self._listening.add(sock)
+                peer.sendall(data)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for sock in [*self._peers, *self._holed, self.server]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._sel.close()
