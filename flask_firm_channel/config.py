@@ -155,7 +155,11 @@ def admin_prefix(config: dict[str, Any]) -> str:
     if not isinstance(value, str):
         raise TypeError(f"FIRM_CHANNEL_ADMIN_PREFIX must be a string, not {type(value).__name__}")
     prefix = value.rstrip("/")
-    if not value.startswith("/") or not prefix or any(c in prefix for c in "?#<> \t\n"):
+    if (
+        not value.startswith("/")
+        or not prefix
+        or any(c in "?#<>" or c.isspace() or not c.isprintable() for c in prefix)
+    ):
         raise ValueError(
             f"FIRM_CHANNEL_ADMIN_PREFIX must be a URL path like '/_channels', got {value!r}"
         )

@@ -31,7 +31,10 @@ def to_seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
             f"{name} must be a number of seconds or a timedelta, not {type(value).__name__}"
         )
     else:
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
     if math.isnan(seconds) or math.isinf(seconds):
         raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
     if seconds < 0 or (seconds == 0 and not allow_zero):

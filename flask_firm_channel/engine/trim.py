@@ -26,9 +26,10 @@ BATCH_ATTEMPTS = 5
 class TrimTooRecent(ValueError):
     """A trim was asked for rows younger than the commit grace."""
 
-    def __init__(self, seconds: float, grace: float) -> None:
+    def __init__(self, seconds: float, grace: float, grace_name: str = "commit_grace") -> None:
         super().__init__(
-            f"older_than {seconds:g} s is shorter than the commit grace ({grace:g} s): "
+            f"older_than {seconds:g} s is shorter than the commit grace ({grace_name},"
+            f" {grace:g} s): "
             "rows that young may sit above a transaction that has not committed yet, so a "
             f"listener could lose them; trim rows at least {grace:g} s old"
         )
@@ -36,10 +37,11 @@ class TrimTooRecent(ValueError):
         self.grace = grace
 
 
-def check_trim_age(seconds: float, grace: float) -> None:
-    """Raise :class:`TrimTooRecent` when ``seconds`` is below the commit ``grace``."""
+def check_trim_age(seconds: float, grace: float, grace_name: str = "commit_grace") -> None:
+    """Raise :class:`TrimTooRecent` when ``seconds`` is below the commit ``grace`` (which the
+    user knows as ``grace_name``)."""
     if seconds < grace:
-        raise TrimTooRecent(seconds, grace)
+        raise TrimTooRecent(seconds, grace, grace_name)
 
 
 class Trimmer:
@@ -65,7 +67,9 @@ class Trimmer:
             seconds = self._settings.message_retention
         else:
             seconds = to_seconds(older_than, "older_than", allow_zero=True)
-            check_trim_age(seconds, self._settings.commit_grace)
+            check_trim_age(
+                seconds, self._settings.commit_grace, self._settings.name_of("commit_grace")
+            )
         return utcnow() - timedelta(seconds=seconds)
 
     def trim(
