@@ -108,3 +108,61 @@ def test_fork_waits_for_a_hung_poll_at_most_fork_wait(
     print(f"fork behind a hung poll took {elapsed:.2f} s")
     assert FORK_WAIT - 0.1 <= elapsed < FORK_WAIT + 1.0
     assert pubsub._listener is not None and pubsub._listener._busy.fork_timeouts == 1
+
+
+def test_a_forked_child_runs_the_callbacks_its_parent_had_queued(
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    """Messages the parent's listener had handed to a callback lane but the callback had not
+    run yet are in the child's memory too: the child runs them (once there) on its own lane,
+    since its listener resumes from the parent's read position and will not read them again."""
+    pubsub = make_pubsub(auto_trim=False)
+    entered, release = threading.Event(), threading.Event()
+    read_end, write_end = os.pipe()
+
+    def callback(payload: bytes) -> None:
+        if payload == b"hold" and not release.is_set():
+            entered.set()
+            release.wait(30)
+        os.write(write_end, f"{os.getpid()}:{payload.decode()}\n".encode())
+
+    pubsub.subscribe("queued", callback)
+    try:
+        pubsub.broadcast("queued", "hold")
+        assert entered.wait(10)
+        pubsub.broadcast_many([("queued", f"m{i}") for i in range(3)])
+        wait_for(lambda: pubsub.health().callback_backlog == 3)
+        pid = os.fork()
+        if pid == 0:  # the child: wait for its lane to run the three, then leave
+            try:
+                wait_for(lambda: pubsub.health().callback_backlog == 0, timeout=10)
+            finally:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+    chunks: list[bytes] = []
+
+    def lines() -> list[str]:
+        return b"".join(chunks).decode().split()
+
+    os.set_blocking(read_end, False)
+
+    def all_seen() -> bool:
+        try:
+            chunks.append(os.read(read_end, 4096))
+        except BlockingIOError:
+            pass
+        return len(lines()) >= 7
+
+    try:
+        wait_for(all_seen)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    seen = lines()
+    by_child = [line.split(":")[1] for line in seen if line.startswith(f"{pid}:")]
+    by_parent = [line.split(":")[1] for line in seen if not line.startswith(f"{pid}:")]
+    assert by_child == ["m0", "m1", "m2"]
+    assert by_parent == ["hold", "m0", "m1", "m2"]
