@@ -2,8 +2,11 @@
 
 .. code-block:: python
 
+    import logging
+
     from flask_firm_channel import FirmChannel
 
+    log = logging.getLogger(__name__)
     firm_channel = FirmChannel(app)
     firm_channel.subscribe("room:42", lambda payload: log.info("got %r", payload))
     firm_channel.broadcast("room:42", b'{"msg": "hi"}')
