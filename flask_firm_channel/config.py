@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +11,8 @@ from sqlalchemy import Engine
 
 from .engine import Settings
 from .engine.settings import positive_int, to_seconds
+
+log = logging.getLogger("flask_firm_channel")
 
 #: Every key ``init_app`` reads, with its default (set with ``app.config.setdefault``).
 DEFAULTS: dict[str, Any] = {
@@ -49,6 +53,19 @@ _SETTING_FOR_KEY = {
     "FIRM_CHANNEL_SQLITE_WAL": "sqlite_wal",
     "FIRM_CHANNEL_HEARTBEAT_INTERVAL": "heartbeat_interval",
 }
+
+
+def warn_unknown_keys(config: dict[str, Any]) -> None:
+    """Log each ``FIRM_CHANNEL_*`` key that is not one of ours (a typo would otherwise be
+    ignored in silence), with the key it was probably meant to be."""
+    for key in config:
+        if not isinstance(key, str) or not key.startswith("FIRM_CHANNEL_") or key in DEFAULTS:
+            continue
+        # Compared without the common prefix, which would make every key look close.
+        names = {known.removeprefix("FIRM_CHANNEL_"): known for known in DEFAULTS}
+        close = difflib.get_close_matches(key.removeprefix("FIRM_CHANNEL_"), names, n=1)
+        hint = f" (did you mean {names[close[0]]}?)" if close else ""
+        log.warning("%s is not a flask-firm-channel setting%s; it is ignored", key, hint)
 
 
 def apply_defaults(config: dict[str, Any]) -> None:

@@ -45,7 +45,7 @@ from .engine.fanout import (
 )
 from .engine.late import PendingBroadcast
 from .engine.settings import to_seconds
-from .engine.validate import encode_message, encode_messages
+from .engine.validate import check_table_name, encode_message, encode_messages
 
 if TYPE_CHECKING:
     from flask_sqlalchemy import SQLAlchemy
@@ -121,8 +121,7 @@ class FirmChannel:
         table_name: str = DEFAULT_TABLE_NAME,
         bind_key: str | None = None,
     ) -> None:
-        if not isinstance(table_name, str) or not table_name:
-            raise ValueError("table_name must be a non-empty string")
+        check_table_name(table_name)
         self.db = db
         self.table_name = table_name
         self.bind_key = bind_key
@@ -144,6 +143,7 @@ class FirmChannel:
                 "FirmChannel needs Flask-SQLAlchemy: call db.init_app(app) before"
                 " firm_channel.init_app(app), or pass db=..."
             )
+        cfg.warn_unknown_keys(app.config)
         cfg.apply_defaults(app.config)
         settings = cfg.settings_from_config(app.config)
         sse_settings = cfg.sse_settings_from_config(app.config)

@@ -350,3 +350,43 @@ def test_engine_without_flask_names_its_own_settings(engine: sa.Engine, table_na
     finally:
         ps.close()
         table.drop(engine)
+
+
+# -- names: the table, and keys that are not ours ---------------------------------------------
+
+
+def test_longest_table_name_creates_on_every_backend_and_one_byte_more_is_refused(
+    db_url: str, table_name: str
+) -> None:
+    longest = (table_name + "_" + "x" * 44)[:44]
+    app = _app(db_url)
+    fc = FirmChannel(app, table_name=longest)
+    with app.app_context():
+        db = app.extensions["sqlalchemy"]
+        try:
+            db.create_all()
+            assert fc.broadcast("ch", b"fits") >= 1
+            assert len(sa.inspect(db.engine).get_indexes(longest)) == 3
+        finally:
+            fc.close(app)
+            fc.table.drop(db.engine, checkfirst=True)
+            db.engine.dispose()
+    for name in (longest + "x", "é" * 22 + "a"):  # 23 characters, 45 bytes
+        with pytest.raises(ValueError, match="^table_name is 45 bytes; the limit is 44") as info:
+            FirmChannel(table_name=name)
+        assert "63-byte" in str(info.value)
+
+
+def test_a_key_that_is_not_ours_is_named_in_a_warning(
+    db_file: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = _app(db_file, FIRM_CHANNEL_POLL_INTERVAL=0.5, FIRM_CHANNEL_ZZZ=1, FIRM_CHANNELS=2)
+    with caplog.at_level("WARNING", logger="flask_firm_channel"):
+        FirmChannel(app)
+    warnings = sorted(r.getMessage() for r in caplog.records)
+    assert warnings == [
+        "FIRM_CHANNEL_POLL_INTERVAL is not a flask-firm-channel setting (did you mean"
+        " FIRM_CHANNEL_POLLING_INTERVAL?); it is ignored",
+        "FIRM_CHANNEL_ZZZ is not a flask-firm-channel setting; it is ignored",
+    ]
+    assert FirmChannel.state(app).settings.polling_interval == 0.1

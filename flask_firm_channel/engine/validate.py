@@ -11,6 +11,10 @@ from .table import MAX_CHANNEL_BYTES
 
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
+#: The longest table name: its longest index name, ``ix_<name>_channel_hash_id``, must fit
+#: PostgreSQL's 63-byte identifiers (MySQL allows 64 characters).
+MAX_TABLE_NAME_BYTES = 63 - len("ix_") - len("_channel_hash_id")
+
 Row = tuple[bytes, bytes]
 
 
@@ -94,3 +98,16 @@ def encode_messages(messages: Any, settings: Settings) -> list[Row]:
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"messages[{index}]: {exc}") from None
     return rows
+
+
+def check_table_name(name: Any) -> str:
+    """A message table name: a non-empty ``str`` short enough for its index names."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"table_name must be a non-empty string, not {name!r}")
+    size = len(name.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_TABLE_NAME_BYTES:
+        raise ValueError(
+            f"table_name is {size} bytes; the limit is {MAX_TABLE_NAME_BYTES} (its index"
+            " names must fit the databases' 63-byte identifiers)"
+        )
+    return name
