@@ -376,3 +376,13 @@ def test_real_flask_process_bad_arguments(make_app: Any, db_url: str, table_name
         row = conn.execute(sa.select(t.c.channel, t.c.payload).where(t.c.id == msg_id)).one()
         assert row_count(db.engine, t) == 2
     assert (bytes(row.channel), bytes(row.payload)) == (b"caf\xe9", b"\xff\xfe payload")
+
+
+def test_create_table_takes_no_arguments(make_app: Any) -> None:
+    app, db, fc = make_app(create_table=False)
+    for extra in (["now"], ["--force"], ["--", "x"]):
+        result = app.test_cli_runner().invoke(args=["firm-channel", "create-table", *extra])
+        assert_usage_error(result, "")
+        assert "no such option" in result.output.lower() or "extra argument" in result.output
+    with app.app_context():
+        assert not sa.inspect(db.engine).has_table(fc.table.name)
