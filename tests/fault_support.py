@@ -277,9 +277,7 @@ def postgres_backends(admin: sa.Engine, application_name: str) -> list[tuple[int
     """``(pid, last query)`` of the PostgreSQL backends of ``application_name``."""
     with admin.connect() as conn:
         rows = conn.execute(
-            sa.text(
-                "SELECT pid, query FROM pg_stat_activity WHERE application_name = :name"
-            ),
+            sa.text("SELECT pid, query FROM pg_stat_activity WHERE application_name = :name"),
             {"name": application_name},
         ).all()
     return [(int(p), str(q)) for p, q in rows]

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,15 +37,13 @@ def _as(user: str, command: list[str]) -> list[str]:
     return ["runuser", "-u", user, "--", *command]
 
 
-def _owned_dir(path: Path, user: str) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+def _owned_dir(prefix: str, user: str) -> Path:
+    # Not under pytest's tmp dirs: every pytest session run as root makes
+    # /tmp/pytest-of-root private again, which would lock the server's user out mid-run.
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    path.chmod(0o755)
     if os.geteuid() == 0:
         shutil.chown(path, user)
-        # The tmp dirs above it must be traversable by that user.
-        for parent in path.parents:
-            if str(parent) in ("/", "/tmp"):
-                break
-            parent.chmod(parent.stat().st_mode | 0o711)
     return path
 
 
@@ -93,8 +92,8 @@ class PrivateServer:
 class PrivatePostgres(PrivateServer):
     backend = "postgresql"
 
-    def __init__(self, root: Path) -> None:
-        self.root = _owned_dir(root, "postgres")
+    def __init__(self) -> None:
+        self.root = _owned_dir("fc-private-postgresql-", "postgres")
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = free_port()
@@ -102,8 +101,16 @@ class PrivatePostgres(PrivateServer):
         subprocess.run(
             _as(
                 "postgres",
-                [str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                 "--no-sync"],
+                [
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-A",
+                    "trust",
+                    "-U",
+                    "postgres",
+                    "--no-sync",
+                ],
             ),
             check=True,
             capture_output=True,
@@ -132,13 +139,14 @@ class PrivatePostgres(PrivateServer):
             self._ctl("-m", "immediate", "-w", "stop")
         except subprocess.CalledProcessError:
             pass  # not running
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class PrivateMariaDB(PrivateServer):
     backend = "mysql"
 
-    def __init__(self, root: Path) -> None:
-        self.root = _owned_dir(root, "mysql")
+    def __init__(self) -> None:
+        self.root = _owned_dir("fc-private-mariadb-", "mysql")
         self.data = self.root / "data"
         self.socket = self.root / "mysqld.sock"
         self.pid_file = self.root / "mysqld.pid"
@@ -149,8 +157,13 @@ class PrivateMariaDB(PrivateServer):
         subprocess.run(
             _as(
                 "mysql",
-                [INSTALL_DB, "--no-defaults", f"--datadir={self.data}",
-                 "--auth-root-authentication-method=normal", "--skip-test-db"],
+                [
+                    INSTALL_DB,
+                    "--no-defaults",
+                    f"--datadir={self.data}",
+                    "--auth-root-authentication-method=normal",
+                    "--skip-test-db",
+                ],
             ),
             check=True,
             capture_output=True,
@@ -160,9 +173,18 @@ class PrivateMariaDB(PrivateServer):
     def start(self, create_database: bool = False) -> None:
         command = _as(
             "mysql",
-            [MARIADBD, "--no-defaults", f"--datadir={self.data}", f"--socket={self.socket}",
-             f"--port={self.port}", "--bind-address=127.0.0.1", f"--pid-file={self.pid_file}",
-             "--innodb-flush-log-at-trx-commit=2", "--skip-log-bin", "--max-connections=300"],
+            [
+                MARIADBD,
+                "--no-defaults",
+                f"--datadir={self.data}",
+                f"--socket={self.socket}",
+                f"--port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--pid-file={self.pid_file}",
+                "--innodb-flush-log-at-trx-commit=2",
+                "--skip-log-bin",
+                "--max-connections=300",
+            ],
         )
         with open(self.log, "ab") as log:
             self._process = subprocess.Popen(command, stdout=log, stderr=log)
@@ -193,15 +215,17 @@ class PrivateMariaDB(PrivateServer):
 
     def close(self) -> None:
         self.stop(signal.SIGKILL)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_private(backend: str, root: Path) -> PrivateServer:
+def start_private(backend: str) -> PrivateServer:
+    """A new private server of ``backend``, running; ``close()`` stops and removes it."""
     server: Any
     if backend == "postgresql":
-        server = PrivatePostgres(root)
+        server = PrivatePostgres()
         server.start()
     elif backend == "mysql":
-        server = PrivateMariaDB(root)
+        server = PrivateMariaDB()
     else:
         raise ValueError(backend)
     return server  # type: ignore[no-any-return]

@@ -32,7 +32,6 @@ from .fault_support import (
     Broadcaster,
     SubscriberProcess,
     committed_payloads,
-    exactly_once,
     mysql_connection_ids,
     postgres_backends,
     record,
@@ -48,26 +47,23 @@ CHANNEL = "faults"
 
 
 @pytest.fixture(scope="session")
-def private_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def private_servers() -> Iterator[dict[str, PrivateServer]]:
     """Private PostgreSQL / MariaDB servers, started on first use, stopped at the end."""
-    servers: dict[str, Any] = {"_root": tmp_path_factory}
+    servers: dict[str, PrivateServer] = {}
     yield servers
-    for name, server in servers.items():
-        if name != "_root":
-            server.close()
+    for server in servers.values():
+        server.close()
 
 
-def private_server(servers: dict[str, Any], backend: str) -> PrivateServer:
+def private_server(servers: dict[str, PrivateServer], backend: str) -> PrivateServer:
     if backend not in servers:
         reason = unavailable(backend)
         if reason is not None:
             if IN_CI:
                 pytest.fail(f"CI=true requires a private {backend} server: {reason}")
             pytest.skip(f"SKIPPING {backend.upper()} fault tests: {reason}")
-        root = servers["_root"].mktemp(f"private-{backend}")
-        servers[backend] = start_private(backend, root)
-    server: PrivateServer = servers[backend]
-    return server
+        servers[backend] = start_private(backend)
+    return servers[backend]
 
 
 class Setup:
@@ -107,7 +103,7 @@ class Setup:
 
 @pytest.fixture(params=BACKENDS)
 def setup(
-    request: pytest.FixtureRequest, private_servers: dict[str, Any], tmp_path: Path
+    request: pytest.FixtureRequest, private_servers: dict[str, PrivateServer], tmp_path: Path
 ) -> Iterator[Setup]:
     backend = str(request.param)
     if backend == "sqlite":
@@ -278,7 +274,9 @@ def test_sqlite_write_lock_past_busy_timeout(setup: Setup) -> None:
     bc = s.broadcaster(timeout=0.2).start()
     stream_until(sub, 10)
     locker = subprocess.Popen(
-        [sys.executable, "-c", LOCKER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-c", LOCKER, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
     )
     try:
@@ -299,7 +297,11 @@ def test_sqlite_write_lock_past_busy_timeout(setup: Setup) -> None:
     )
     failed = {p for p, _ in bc.failed}
     health = finish(
-        s, sub, bc, "write lock held past the busy timeout", released_at,
+        s,
+        sub,
+        bc,
+        "write lock held past the busy timeout",
+        released_at,
         lock_held_s=round(released_at - locked_at, 3),
     )
     # A broadcast that failed left no row, not even part of one.
@@ -318,9 +320,21 @@ def test_sqlite_listener_works_during_long_write_transaction(setup: Setup) -> No
     bc.stop()
     wait_all_delivered(s.url, s.table, CHANNEL, sub.payloads)
     stalled = subprocess.Popen(
-        [sys.executable, "-m", "tests.proc_held_broadcaster", s.url, s.table, "held", "1",
-         CHANNEL, "--stall"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tests.proc_held_broadcaster",
+            s.url,
+            s.table,
+            "held",
+            "1",
+            CHANNEL,
+            "--stall",
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert stalled.stdout is not None and stalled.stdin is not None
@@ -353,10 +367,17 @@ def integrity(s: Setup) -> str:
             rows = conn.execute(sa.text(f"CHECK TABLE `{s.table}`")).all()
             return "ok" if all(str(r[-1]).upper() == "OK" for r in rows) else repr(rows)
         conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS amcheck"))
-        indexes = conn.execute(
-            sa.text("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = CAST(:t AS regclass)"),
-            {"t": s.table},
-        ).scalars().all()
+        indexes = (
+            conn.execute(
+                sa.text(
+                    "SELECT indexrelid::regclass::text FROM pg_index"
+                    " WHERE indrelid = CAST(:t AS regclass)"
+                ),
+                {"t": s.table},
+            )
+            .scalars()
+            .all()
+        )
         for index in indexes:
             conn.execute(sa.text("SELECT bt_index_check(CAST(:i AS regclass), true)"), {"i": index})
         conn.commit()
@@ -371,15 +392,25 @@ def test_broadcaster_sigkilled_mid_transaction(setup: Setup) -> None:
     if s.backend == "sqlite":
         bc.stop()  # SQLite's one writer is the stalled transaction until it dies
     stalled = subprocess.Popen(
-        [sys.executable, "-m", "tests.proc_held_broadcaster", with_application_name(
-            s.url, f"{s.app_name}-stalled"), s.table, "held", "1", CHANNEL, "--stall"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "tests.proc_held_broadcaster",
+            with_application_name(s.url, f"{s.app_name}-stalled"),
+            s.table,
+            "held",
+            "1",
+            CHANNEL,
+            "--stall",
+        ],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert stalled.stdout is not None
     assert stalled.stdout.readline().strip() == "INSERTED"
-    server_side = (
-        mysql_connection_ids(s.admin, stalled.pid) if s.backend == "mysql" else []
-    )
+    server_side = mysql_connection_ids(s.admin, stalled.pid) if s.backend == "mysql" else []
     if s.backend != "sqlite":
         stream_until(sub, len(sub.payloads()) + 10)  # later ids delivered past the open one
     os.kill(stalled.pid, signal.SIGKILL)
@@ -391,8 +422,9 @@ def test_broadcaster_sigkilled_mid_transaction(setup: Setup) -> None:
             return not postgres_backends(s.admin, f"{s.app_name}-stalled")
         if s.backend == "mysql":
             with s.admin.connect() as conn:
-                live = set(conn.execute(
-                    sa.text("SELECT id FROM information_schema.processlist")).scalars())
+                live = set(
+                    conn.execute(sa.text("SELECT id FROM information_schema.processlist")).scalars()
+                )
             return not (set(server_side) & live)
         return True
 
@@ -452,3 +484,73 @@ def test_systemexit_in_callback_listener_restarts_itself(setup: Setup) -> None:
     wait_for(lambda: sub.payloads("exited"), timeout=15)
     health = finish(s, sub, bc, "SystemExit in a callback", fault_at)
     assert health["restarts"] >= 1, health
+
+
+#: How long a message on another channel may wait behind a subscriber callback that blocks
+#: (see the README, "Callbacks").
+SLOW_CALLBACK_BOUND = 1.0
+
+
+def test_slow_callback_does_not_starve_other_subscribers(setup: Setup) -> None:
+    s = setup
+    sub = s.subscriber("--slow-channel", "slow", "--slow-seconds", "3")
+    bc = s.broadcaster().start()
+    stream_until(sub, 10)
+    slow = s.broadcaster("slow")
+    fault_at = time.time()
+    assert slow.send_one() is not None and slow.send_one() is not None
+    wait_for(lambda: sub.payloads("slow"), timeout=15)
+    # Six seconds of slow callbacks: the other channel's messages keep flowing meanwhile.
+    stream_until(sub, len(sub.payloads()) + 50)
+    finish(s, sub, bc, "callback blocks 3 s (twice)", fault_at)
+    during = [e["t"] - sent_at_of(e) for e in sub.delivered() if sent_at_of(e) >= fault_at]
+    worst = max(during)
+    record("callback blocks: worst wait of another channel", s.backend, worst_wait_s=worst)
+    assert worst <= SLOW_CALLBACK_BOUND, f"a message waited {worst:.2f}s behind a slow callback"
+
+
+def sent_at_of(event: dict[str, Any]) -> float:
+    return float(event["msg"].split(":")[1])
+
+
+def test_streams_never_wait_for_a_slow_callback(make_app: Any) -> None:
+    """``listen()`` and ``stream()`` consumers get their messages while a subscriber
+    callback of the same process is blocked."""
+    import threading
+
+    from .test_stream import Reader
+
+    app, _db, fc = make_app(FIRM_CHANNEL_AUTO_TRIM=False)
+    blocked, release = threading.Event(), threading.Event()
+
+    def stuck(payload: bytes) -> None:
+        blocked.set()
+        release.wait(20)
+
+    @app.get("/events/<channel>")
+    def events(channel: str) -> Any:
+        return fc.stream(channel)
+
+    with app.app_context():
+        fc.subscribe("slow", stuck)
+        listening = fc.listen("fast", timeout=30)
+    client = app.test_client()
+    reader = Reader(client.get("/events/fast", buffered=False))
+    try:
+        assert next(reader.chunks).startswith(b"retry:")
+        with app.app_context():
+            fc.broadcast("slow", "block")
+            wait_for(blocked.is_set, timeout=10)
+            sent = [fc.broadcast("fast", f"m{i}") for i in range(5)]
+        started = time.monotonic()
+        got = [next(listening) for _ in sent]
+        events = reader.read(len(sent), timeout=SLOW_CALLBACK_BOUND + 5)
+        waited = time.monotonic() - started
+        assert not release.is_set()
+        assert [m.payload for m in got] == [f"m{i}".encode() for i in range(5)]
+        assert [e.data for e in events if e.type == "fast"] == [f"m{i}" for i in range(5)]
+        assert waited <= SLOW_CALLBACK_BOUND, waited
+    finally:
+        release.set()
+        listening.close()
+        reader.close()
