@@ -52,7 +52,7 @@ def stream_once(host: str, port: int, rng: random.Random) -> None:
             streams=1,
             events=len(ids),
             duplicates=len(ids) - len(set(ids)),
-            backwards=sum(1 for a, b in zip(ids, ids[1:]) if b < a),
+            backwards=sum(1 for a, b in zip(ids, ids[1:], strict=False) if b < a),
         )
     finally:
         conn.close()

@@ -67,8 +67,9 @@ class SoakServer:
             FC_TEST_TABLE=table,
         )
         command = [
-            sys.executable, "-m", "gunicorn", "-w", "1", "-k", "gthread", "--threads", str(GTHREAD_POOL),
-            "-b", f"127.0.0.1:{self.port}", "--graceful-timeout", "5", "tests.soak_app:app",
+            sys.executable, "-m", "gunicorn", "-w", "1", "-k", "gthread",
+            "--threads", str(GTHREAD_POOL), "-b", f"127.0.0.1:{self.port}",
+            "--graceful-timeout", "5", "tests.soak_app:app",
         ]  # fmt: skip
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=log)
