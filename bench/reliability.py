@@ -48,7 +48,8 @@ def outcomes(junit: Path) -> list[tuple[str, str, float]]:
                 outcome = "FAILED" if child.tag == "failure" else "ERROR"
             elif child.tag == "skipped":
                 outcome = (
-                    "xfailed" if "xfail" in (child.get("type") or "") + (child.get("message") or "")
+                    "xfailed"
+                    if "xfail" in (child.get("type") or "") + (child.get("message") or "")
                     else "skipped"
                 )
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
@@ -181,9 +182,7 @@ def render(
          for r in by_backend(soaks)],
     )  # fmt: skip
     lines += ["", "## The tests of this run", ""]
-    lines += table(
-        ["test", "outcome", "seconds"], [[f"`{n}`", o, f"{s:.1f}"] for n, o, s in tests]
-    )
+    lines += table(["test", "outcome", "seconds"], [[f"`{n}`", o, f"{s:.1f}"] for n, o, s in tests])
     lines += ["", f"pytest exit status: {code}.", ""]
     return "\n".join(lines)
 
