@@ -97,8 +97,8 @@ class SubscriberProcess:
         self.send("health")
         return self._reply("health")["health"]  # type: ignore[no-any-return]
 
-    def inject(self, count: int) -> None:
-        self.send(f"inject {count}")
+    def inject(self, count: int, base: bool = False) -> None:
+        self.send(f"inject {count}{' base' if base else ''}")
         self._reply("injected")
 
     def delivered(self, kind: str = "msg") -> list[dict[str, Any]]:

@@ -7,8 +7,9 @@ once subscribed, ``{"msg": payload, "t": epoch}`` per delivered message. Command
 one per line:
 
 - ``health``: answers ``{"health": {...}}`` (``PubSub.health()``);
-- ``inject N``: the listener's next ``N`` table reads raise ``RuntimeError`` (an unexpected
-  error inside the listener loop); answers ``{"injected": N}``;
+- ``inject N [base]``: the listener's next ``N`` table reads raise ``RuntimeError`` (an
+  unexpected error inside the listener loop), or with ``base`` a ``BaseException`` that is
+  no ``Exception`` (one that escapes the loop); answers ``{"injected": N}``;
 - ``quit``: closes the PubSub and exits.
 
 ``--slow-channel C --slow-seconds S`` adds a subscription to ``C`` whose callback blocks for
@@ -34,6 +35,11 @@ from flask_firm_channel.engine import reads
 
 _out = threading.Lock()
 _injected = 0
+_inject_base = False
+
+
+class InjectedBaseException(BaseException):
+    """Not an ``Exception``: what escapes a loop that catches ``Exception``."""
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -49,6 +55,8 @@ def _install_fault_hook() -> None:
         global _injected
         if _injected > 0:
             _injected -= 1
+            if _inject_base:
+                raise InjectedBaseException("injected BaseException in the listener's read")
             raise RuntimeError("injected fault in the listener's read")
         return original(self, *args, **kwargs)
 
@@ -56,7 +64,7 @@ def _install_fault_hook() -> None:
 
 
 def main() -> int:
-    global _injected
+    global _injected, _inject_base
     ap = argparse.ArgumentParser()
     ap.add_argument("url")
     ap.add_argument("table")
@@ -67,11 +75,15 @@ def main() -> int:
     ap.add_argument("--exit-channel")
     ap.add_argument("--polling-interval", type=float, default=0.1)
     ap.add_argument("--commit-grace", type=float, default=5.0)
+    ap.add_argument("--safety-interval", type=float, default=5.0)
     args = ap.parse_args()
     _install_fault_hook()
     engine = sa.create_engine(args.url)
     settings = Settings(
-        auto_trim=False, polling_interval=args.polling_interval, commit_grace=args.commit_grace
+        auto_trim=False,
+        polling_interval=args.polling_interval,
+        commit_grace=args.commit_grace,
+        safety_interval=args.safety_interval,
     )
     pubsub = PubSub(engine, message_table(sa.MetaData(), args.table), settings)
 
@@ -105,6 +117,7 @@ def main() -> int:
             if command == "health":
                 emit({"health": dataclasses.asdict(pubsub.health())})
             elif command == "inject":
+                _inject_base = rest[1:] == ["base"]
                 _injected = int(rest[0])
                 emit({"injected": _injected})
             elif command == "quit":
