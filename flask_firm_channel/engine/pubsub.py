@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from .anchor import Anchor
 from .callbacks import CallbackRunner
 from .connections import keep_inherited
 from .create import Created, create_table
@@ -60,6 +61,7 @@ class PubSub:
         self.dialect.configure_engine(sqlite_wal=self.settings.sqlite_wal)
         self._publisher = Publisher(engine, self.dialect, table, notify=self.settings.wake_hints)
         self._registry = SubscriptionRegistry()
+        self._anchor = Anchor(self._read_max_id)
         self._callbacks = CallbackRunner()
         self._late = LateCommits(
             self.settings.commit_grace, serial_commits=self.dialect.serial_commits
@@ -214,8 +216,13 @@ class PubSub:
         return self._registry.remove_callback(encode_channel(channel), callback)
 
     def _current_max_id(self) -> int | None:
-        # "From now on" is anchored here, in the caller's thread. If the table cannot be read
-        # yet (not created, database down), the listener anchors it on its first poll.
+        # "From now on" is anchored here, in the caller's thread, by reads that concurrent
+        # subscribers share (anchor.py).
+        return self._anchor.current()
+
+    def _read_max_id(self) -> int | None:
+        # If the table cannot be read yet (not created, database down), the listener anchors
+        # the subscription on its first poll.
         try:
             with self.engine.connect() as conn:
                 return int(conn.execute(select(func.max(self.table.c.id))).scalar() or 0)
@@ -368,6 +375,7 @@ class PubSub:
         self._held = []
         self._lock = threading.RLock()
         self._registry.after_fork()
+        self._anchor.after_fork_in_child()
         self._callbacks.after_fork_in_child()
         previous, self._listener = self._listener, None
         keep_inherited(previous, self._trimmer)
