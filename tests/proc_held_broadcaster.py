@@ -1,6 +1,7 @@
 """A broadcaster whose transactions stay open, in its own process.
 
     python -m tests.proc_held_broadcaster URL TABLE NAME COUNT CHANNEL [--hold-ms MS]
+        [--sqlite-busy-timeout SECONDS]
     python -m tests.proc_held_broadcaster URL TABLE NAME 1 CHANNEL --stall
 
 Prints ``READY`` and waits for ``GO`` on stdin (so several start together), then sends
@@ -33,8 +34,12 @@ def main() -> int:
     ap.add_argument("channel")
     ap.add_argument("--hold-ms", type=float, default=50.0)
     ap.add_argument("--stall", action="store_true")
+    ap.add_argument("--sqlite-busy-timeout", type=float, default=5.0)
     args = ap.parse_args()
-    engine = sa.create_engine(args.url)
+    # SQLite's lock is not fair: with several writers each holding it for up to 50 ms, one
+    # of them can keep losing the race for longer than the default 5 s busy timeout.
+    connect_args = {"timeout": args.sqlite_busy_timeout} if args.url.startswith("sqlite") else {}
+    engine = sa.create_engine(args.url, connect_args=connect_args)
     pubsub = PubSub(engine, message_table(sa.MetaData(), args.table), Settings(auto_trim=False))
     try:
         if args.stall:
