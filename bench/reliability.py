@@ -57,6 +57,11 @@ def outcomes(junit: Path) -> list[tuple[str, str, float]]:
     return result
 
 
+def is_long(test_id: str) -> bool:
+    """The ``long``-marked parameters of the load and soak tests."""
+    return "-full]" in test_id or "-60s]" in test_id
+
+
 def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
     out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for row in rows:
@@ -74,13 +79,16 @@ def render(
     code: int,
     wall: float,
     long: bool,
+    info: dict[str, Any] | None = None,
 ) -> str:
-    info = machine_info()
+    info = info or machine_info()
     faults = [r for r in records if "lost" in r and "recover_s" in r]
     slow = [r for r in records if "worst_wait_s" in r]
     loads = [r for r in records if r["scenario"].startswith("load")]
     soaks = [r for r in records if r["scenario"].startswith("soak")]
     failed = [t for t in tests if t[1] in ("FAILED", "ERROR")]
+    ci_seconds = sum(s for n, _, s in tests if not is_long(n))
+    wall_long = sum(s for n, _, s in tests if is_long(n))
     lines = [
         "# Reliability: faults, load and soak",
         "",
@@ -93,14 +101,21 @@ def render(
         "Regenerate this page with:",
         "",
         "```",
-        "python -m bench.reliability" + (" --long" if long else "") + "      # this page",
-        "python -m bench.reliability --long    # with the full-size load and the 60 s soak",
+        "python -m bench.reliability --long   # this page: the CI sizes, the full-size load "
+        "and the 60 s soak",
+        "python -m bench.reliability          # the CI sizes only",
         "```",
+        "",
+        "The same tests run in CI at the smaller sizes (`bash scripts/run-tests.sh "
+        "tests/test_faults.py tests/test_load.py tests/test_soak.py`); the full sizes alone run "
+        "with `-m long`.",
         "",
         f"Run of {info['date']} on {info['cpu']} ({info['cores']} cores), Python "
         f"{info['python']}, commit {info.get('commit', '-')}: {len(tests)} tests, "
         f"{len(tests) - len(failed)} passed, {len(failed)} failed, in {wall:.0f} s"
         + ("." if not failed else ": " + ", ".join(t[0] for t in failed) + "."),
+        f"Of that, the tests CI runs took {ci_seconds:.0f} s"
+        + (f" and the long ones {wall_long:.0f} s." if long else "."),
         "",
         "## Faults",
         "",
@@ -191,8 +206,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--long", action="store_true", help="add the full-size load and 60 s soak")
     ap.add_argument("--out", default=str(ROOT / "docs" / "reliability.md"))
-    ap.add_argument("--json", help="also keep the raw records here")
+    ap.add_argument("--json", help="also keep the raw records and outcomes here")
+    ap.add_argument("--render", metavar="JSON", help="only rewrite the page from a --json file")
     args = ap.parse_args(argv)
+    if args.render:
+        run = json.loads(Path(args.render).read_text())
+        tests = [tuple(t) for t in run["tests"]]
+        page = render(run["records"], tests, run["code"], run["wall"], run["long"], run.get("info"))  # type: ignore[arg-type]
+        Path(args.out).write_text(page)
+        print(f"wrote {args.out} from {args.render}")
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         record = Path(tmp) / "records.jsonl"
         junit = Path(tmp) / "junit.xml"
@@ -201,7 +224,15 @@ def main(argv: list[str] | None = None) -> int:
         records = [json.loads(line) for line in record.read_text().splitlines() if line]
         tests = outcomes(junit) if junit.exists() else []
     if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=1) + "\n")
+        run = {
+            "records": records,
+            "tests": tests,
+            "code": code,
+            "wall": wall,
+            "long": args.long,
+            "info": machine_info(),
+        }
+        Path(args.json).write_text(json.dumps(run, indent=1) + "\n")
     Path(args.out).write_text(render(records, tests, code, wall, args.long))
     print(f"wrote {args.out} ({len(records)} scenarios, pytest exit {code}, {wall:.0f} s)")
     return code
