@@ -118,3 +118,38 @@ def test_interpreter_exit_with_a_listener_running_is_prompt_and_quiet(
     assert result.returncode == 0, result.stderr
     assert "restarting" not in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert elapsed < 10
+
+
+def test_the_restart_delay_starts_short_again_after_a_healthy_stretch(
+    make_pubsub: Callable[..., PubSub],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flask_firm_channel.engine import listener as listener_module
+
+    monkeypatch.setattr(listener_module, "RESTART_BACKOFF_RESET", 0.5)
+    caplog.set_level(logging.ERROR, logger="flask_firm_channel")
+    listening = make_pubsub(auto_trim=False, polling_interval=0.05)
+    publisher = make_pubsub(auto_trim=False)
+    received: list[bytes] = []
+    listening.subscribe("reset", received.append)
+
+    def delays() -> list[str]:
+        return [
+            r.getMessage().rsplit("restarting in ", 1)[1].split("s ")[0]
+            for r in caplog.records
+            if "restarting in" in r.getMessage()
+        ]
+
+    state = _inject(listening, times=3)  # back to back: 0.05, 0.10, 0.20
+    publisher.broadcast("reset", "one")
+    wait_for(lambda: received == [b"one"], timeout=15)
+    assert state["raised"] == 3 and delays() == ["0.05", "0.10", "0.20"]
+    started = time.monotonic()
+    wait_for(lambda: time.monotonic() - started > 0.6 and listening.health().polls > 0)
+    polls = listening.health().polls
+    wait_for(lambda: listening.health().polls > polls)  # still healthy, past the reset time
+    _inject(listening, times=1)
+    publisher.broadcast("reset", "two")
+    wait_for(lambda: received == [b"one", b"two"], timeout=15)
+    assert delays() == ["0.05", "0.10", "0.20", "0.05"]

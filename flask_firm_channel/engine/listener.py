@@ -62,6 +62,10 @@ BUSY_SPACING = 0.001
 RESET_CHECK_INTERVAL = 1.0
 
 
+#: A loop that ran this many seconds before something escaped it restarts after the shortest
+#: delay again: the restart delay doubles only while the faults come back to back.
+RESTART_BACKOFF_RESET = 30.0
+
 def _epoch(created_at: datetime) -> float:
     return created_at.replace(tzinfo=timezone.utc).timestamp()
 
@@ -205,12 +209,15 @@ class Listener:
             with self._busy:
                 self._hint.open()
             while not self._stopping:
+                started = time.monotonic()
                 try:
                     self._loop()
                     return
                 except BaseException as exc:  # noqa: BLE001 - nothing may end the thread
                     if self._stopping or sys.is_finalizing():
                         return
+                    if time.monotonic() - started > RESTART_BACKOFF_RESET:
+                        backoff = 0.0  # a new fault after a healthy stretch, not a crash loop
                     backoff = min(max(backoff * 2, 0.05), 5.0)
                     self._restarted(exc, backoff)
                     self._wake.wait(backoff)
