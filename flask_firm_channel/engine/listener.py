@@ -66,6 +66,7 @@ RESET_CHECK_INTERVAL = 1.0
 #: delay again: the restart delay doubles only while the faults come back to back.
 RESTART_BACKOFF_RESET = 30.0
 
+
 def _epoch(created_at: datetime) -> float:
     return created_at.replace(tzinfo=timezone.utc).timestamp()
 
