@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import socketio
 import sqlalchemy as sa
 
 from flask_firm_channel import message_table
 
 from .admin_support import CHROMIUM_ARGS  # noqa: F401 - the browser fixture uses them
 from .conftest import wait_for
+from .ordered_socketio import OrderedClient
 from .test_socketio import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ class Listener:
     def __init__(self, url: str) -> None:
         self.said: list[dict[str, Any]] = []
         self.lock = threading.Lock()
-        self.sio = socketio.Client(reconnection=False, request_timeout=DEADLINE)
+        self.sio = OrderedClient(reconnection=False, request_timeout=DEADLINE)
         self.sio.on("said", self._said)
         self.sio.connect(url, transports=["websocket"], wait_timeout=DEADLINE)
         self.worker = self.sio.call("whoami", timeout=DEADLINE)["worker"]

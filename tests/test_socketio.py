@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import socketio
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings, message_table
 
 from .conftest import BACKENDS, SERVER_URLS, require_backend, wait_for
+from .ordered_socketio import OrderedClient
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE = 30.0
@@ -135,7 +135,7 @@ class Peer:
         self.events: list[tuple[str, Any]] = []
         self.lock = threading.Lock()
         self.disconnected = threading.Event()
-        self.sio = socketio.Client(reconnection=False, request_timeout=DEADLINE)
+        self.sio = OrderedClient(reconnection=False, request_timeout=DEADLINE)
         self.sio.on("*", self._record)
         self.sio.on("disconnect", lambda *reason: self.disconnected.set())
         if answer:
