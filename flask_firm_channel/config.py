@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from .engine import Settings
+from .engine.dialects import supported
 from .engine.settings import positive_int, to_seconds
 
 log = logging.getLogger("flask_firm_channel")
@@ -76,9 +77,6 @@ def apply_defaults(config: dict[str, Any]) -> None:
 #: The engine's own names for the config keys, so that its errors name the key to fix.
 _KEY_FOR_SETTING = {name: key for key, name in _SETTING_FOR_KEY.items()}
 
-#: The databases flask-firm-channel is built and tested for, by SQLAlchemy dialect name.
-SUPPORTED_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb")
-
 
 def settings_from_config(config: dict[str, Any]) -> Settings:
     """Build validated Settings; a bad value is an error naming its config key (and so are
@@ -111,7 +109,7 @@ def bind_key(config: dict[str, Any], given: Any) -> str | None:
 def check_dialect(engine: Engine, bind: str | None) -> None:
     """Refuse a database other than SQLite, PostgreSQL and MySQL/MariaDB, naming the key
     that points at it."""
-    if engine.dialect.name in SUPPORTED_DIALECTS:
+    if supported(engine):
         return
     where = "SQLALCHEMY_DATABASE_URI" if bind is None else f"SQLALCHEMY_BINDS[{bind!r}]"
     raise ValueError(

@@ -430,16 +430,23 @@ def _chunks(params: list[Any]) -> Iterator[list[Any]]:
         yield chunk
 
 
+#: The databases flask-firm-channel is built and tested for, by SQLAlchemy dialect name.
+_DIALECTS: dict[str, type[Dialect]] = {
+    "sqlite": SQLiteDialect,
+    "postgresql": PostgreSQLDialect,
+    "mysql": MySQLDialect,
+    "mariadb": MySQLDialect,
+}
+
+
+def supported(engine: Engine) -> bool:
+    """Whether ``engine`` is one of the databases flask-firm-channel is built for."""
+    return engine.dialect.name in _DIALECTS
+
+
 def dialect_for(engine: Engine) -> Dialect:
     """The :class:`Dialect` for ``engine``; unknown backends get the generic polling one."""
-    name = engine.dialect.name
-    if name == "sqlite":
-        return SQLiteDialect(engine)
-    if name == "postgresql":
-        return PostgreSQLDialect(engine)
-    if name in ("mysql", "mariadb"):
-        return MySQLDialect(engine)
-    return Dialect(engine)
+    return _DIALECTS.get(engine.dialect.name, Dialect)(engine)
 
 
 #: Seconds a MySQL create-table waits for another process creating the same table.
