@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 from sqlalchemy.exc import DBAPIError
 
@@ -87,10 +88,16 @@ def database_errors(dialect: Dialect, table_name: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        wrapped = as_dbapi_error(exc, dialect, table_name)
-        if wrapped is None or wrapped is exc:
-            raise
-        raise wrapped from exc
+        raise_as_dbapi_error(exc, dialect, table_name)
+
+
+def raise_as_dbapi_error(exc: Exception, dialect: Dialect, table_name: str) -> NoReturn:
+    """Raise ``exc`` as a :class:`DBAPIError` (``exc`` itself when it is one, or when it is
+    no database error at all)."""
+    wrapped = as_dbapi_error(exc, dialect, table_name)
+    if wrapped is None or wrapped is exc:
+        raise exc
+    raise wrapped from exc
 
 
 def one_line(exc: BaseException) -> str:

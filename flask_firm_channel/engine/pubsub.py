@@ -18,7 +18,7 @@ from .connections import keep_inherited
 from .create import Created, create_table
 from .cursor import Cursor
 from .dialects import dialect_for
-from .errors import database_errors, memory_database_error
+from .errors import database_errors, memory_database_error, raise_as_dbapi_error
 from .health import ListenerHealth
 from .heartbeat import Heartbeat
 from .late import LateCommits, PendingBroadcast
@@ -104,8 +104,11 @@ class PubSub:
     def _publish(self, rows: list[tuple[bytes, bytes]], connection: Connection | None) -> list[int]:
         if not rows:
             return []
-        with database_errors(self.dialect, self.table.name):
+        try:
             ids = self._publisher.publish(rows, connection)
+        except Exception as exc:
+            # As database_errors() does, without a context manager's cost on every broadcast.
+            raise_as_dbapi_error(exc, self.dialect, self.table.name)
         followed = self._registry.snapshot().by_channel
         if connection is None and any(channel in followed for channel, _ in rows):
             self._wake_listener()
