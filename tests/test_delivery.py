@@ -202,7 +202,8 @@ def test_raising_subscriber_does_not_stop_others(make_app: Any, caplog: Any) -> 
         first = fc.broadcast("x", "1")
         fc.broadcast("x", "2")
         wait_for(lambda: len(received) == 2)
-        assert fc.health().subscriber_errors == 2
+        # The broken callback runs on a lane of its own, maybe still behind the other one.
+        wait_for(lambda: fc.health().subscriber_errors == 2)
         assert fc.health().running
     assert received == [b"1", b"2"]
     assert any(
