@@ -3,6 +3,7 @@ falls back to when a platform or filesystem cannot watch."""
 
 from __future__ import annotations
 
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -17,25 +18,27 @@ from flask_firm_channel.engine.filewatch import FileWatch, WatchLost
 from .conftest import wait_for
 
 
-def test_wait_returns_on_a_write_and_on_stop(tmp_path: Path) -> None:
+def readable(watch: FileWatch, timeout: float) -> bool:
+    return bool(select.select([watch.fileno()], [], [], timeout)[0])
+
+
+def test_the_descriptor_turns_readable_on_a_write_and_drain_consumes_it(tmp_path: Path) -> None:
     target = tmp_path / "db-wal"
     target.write_bytes(b"")
     watch = FileWatch.create([str(target)])
     assert watch is not None, "inotify is expected on the Linux machines we test on"
     try:
-        assert watch.wait(0.05) is False  # nothing happened
+        assert not readable(watch, 0.05)  # nothing happened
+        assert watch.drain() is False
         writer = threading.Timer(0.05, lambda: target.write_bytes(b"frame"))
         writer.start()
         started = time.monotonic()
-        assert watch.wait(5) is True
+        assert readable(watch, 5)
         assert time.monotonic() - started < 2
         writer.join()
-        while watch.wait(0.05):  # the rest of that write's events (truncate, then data)
-            pass
-        stopper = threading.Timer(0.05, watch.stop)
-        stopper.start()
-        assert watch.wait(5) is False
-        stopper.join()
+        assert watch.drain() is True
+        assert not readable(watch, 0.05), "drain() left events behind"
+        assert watch.drain() is False
     finally:
         watch.close()
 
@@ -47,8 +50,9 @@ def test_a_deleted_file_is_reported_as_lost(tmp_path: Path) -> None:
     assert watch is not None
     try:
         target.unlink()
+        assert readable(watch, 5)
         with pytest.raises(WatchLost):
-            watch.wait(5)
+            watch.drain()
     finally:
         watch.close()
 

@@ -32,6 +32,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
+from .drivers import CursorRunner, LibpqRunner
+
 log = logging.getLogger("flask_firm_channel")
 
 _ER_LOCK_WAIT_TIMEOUT = 1205
@@ -148,6 +150,10 @@ class Dialect:
         every SELECT sees what has committed by then and no read transaction stays open."""
         conn.rollback()
         conn.autocommit = True
+
+    def reader(self, conn: Any) -> CursorRunner | LibpqRunner:
+        """What runs the listener's statements on ``conn`` (see ``drivers.py``)."""
+        return CursorRunner(conn)
 
     def missing_table(self, orig: BaseException) -> bool:
         """The driver's error ``orig`` says the table does not exist."""
@@ -314,6 +320,10 @@ class PostgreSQLDialect(Dialect):
             cursor.execute("SET enable_seqscan = off")
         finally:
             cursor.close()
+
+    def reader(self, conn: Any) -> CursorRunner | LibpqRunner:
+        # psycopg 3 gives libpq's own calls; any other driver goes through its cursor.
+        return LibpqRunner(conn) if hasattr(conn, "pgconn") else CursorRunner(conn)
 
 
 class MySQLDialect(Dialect):

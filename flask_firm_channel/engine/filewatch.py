@@ -1,9 +1,10 @@
-"""Block until a file is written: Linux inotify through ctypes, with no dependency.
+"""Know when a file is written: Linux inotify through ctypes, with no dependency.
 
 SQLite has no way to wait for another process's commit, but a commit always writes the
 database's ``-wal`` file (or, outside WAL mode, the database file). Watching that file lets
-the SQLite wake hint sleep without polling and still wake within microseconds; the hint then
-confirms with ``PRAGMA data_version``. Where inotify is not available (macOS, Windows, some
+the SQLite wake hint sleep without polling and still wake within microseconds: the listener
+waits on the watch's descriptor (``doorbell.py``), and the hint then confirms with
+``PRAGMA data_version``. Where inotify is not available (macOS, Windows, some
 network filesystems) :meth:`FileWatch.create` returns ``None`` and the hint polls instead.
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import select
 import struct
 from collections.abc import Sequence
 
@@ -30,7 +30,6 @@ class WatchLost(Exception):
 class FileWatch:
     def __init__(self, fd: int) -> None:
         self._fd = fd
-        self._stop_r, self._stop_w = os.pipe()
 
     @classmethod
     def create(cls, paths: Sequence[str]) -> FileWatch | None:
@@ -52,14 +51,16 @@ class FileWatch:
                 return None
         return cls(fd)
 
-    def wait(self, timeout: float | None) -> bool:
-        """True once a watched file was written; False on timeout or :meth:`stop`.
+    def fileno(self) -> int:
+        """The descriptor that becomes readable when a watched file was written."""
+        return self._fd
+
+    def drain(self) -> bool:
+        """Consume the events queued so far; True if a watched file was written since the
+        last call. Never blocks.
 
         Raises :class:`WatchLost` if a watched file went away.
         """
-        ready, _, _ = select.select([self._fd, self._stop_r], [], [], timeout)
-        if self._stop_r in ready or self._fd not in ready:
-            return False
         written = False
         while True:
             try:
@@ -74,16 +75,8 @@ class FileWatch:
                     raise WatchLost("a watched file was moved or deleted")
                 written = written or bool(mask & IN_MODIFY)
 
-    def stop(self) -> None:
-        """Make a blocked :meth:`wait` return now (from any thread)."""
+    def close(self) -> None:
         try:
-            os.write(self._stop_w, b"x")
+            os.close(self._fd)
         except OSError:
             pass
-
-    def close(self) -> None:
-        for fd in (self._fd, self._stop_r, self._stop_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass

@@ -37,6 +37,7 @@ from sqlalchemy import Engine, Table
 from .callbacks import CallbackRunner
 from .cursor import Cursor
 from .dialects import Dialect
+from .doorbell import Doorbell
 from .errors import PollErrors
 from .forkhold import DriverHold
 from .gaps import GapList
@@ -99,7 +100,8 @@ class Listener:
         self._registry = registry
         self._hint = hint
         self._reads = Reads(engine, dialect, table)
-        self._wake = threading.Event()
+        #: What the thread sleeps on: rung by :meth:`wake` and :meth:`close`.
+        self._bell = Doorbell()
         self._forced = False
         #: Held while the thread is inside the database driver, never while subscriber
         #: callbacks run (see ``forkhold.py``).
@@ -151,15 +153,11 @@ class Listener:
     def wake(self) -> None:
         """Poll now (a broadcast in this process, a subscription change)."""
         self._forced = True
-        self._wake.set()
-
-    def hint_wake(self) -> None:
-        """Wake up for the hint: poll if it says so (see ``WakeHint.confirms_wakes``)."""
-        self._wake.set()
+        self._bell.ring()
 
     def close(self, timeout: float = 2.0) -> None:
         self._stopping = True
-        self._wake.set()
+        self._bell.ring()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -169,6 +167,7 @@ class Listener:
         if thread is None or not thread.is_alive():
             self._hint.close()
             self._reads.close()
+            self._bell.close()
         self._health.running = False
 
     @property
@@ -221,11 +220,12 @@ class Listener:
                         backoff = 0.0  # a new fault after a healthy stretch, not a crash loop
                     backoff = min(max(backoff * 2, 0.05), 5.0)
                     self._restarted(exc, backoff)
-                    self._wake.wait(backoff)
+                    self._bell.wait(backoff)
         finally:
             with self._busy:
                 self._reads.close()
                 self._hint.close()
+            self._bell.close()
             self._health.running = False
 
     def _restarted(self, exc: BaseException, backoff: float) -> None:
@@ -254,27 +254,30 @@ class Listener:
                 timeout = max(
                     0.0, min(self._hint.next_timeout(), next_safety_poll - time.monotonic())
                 )
-                signalled = self._wake.wait(0.0 if self._more else timeout)
+                rung, readable = self._bell.wait(
+                    0.0 if self._more else timeout, self._hint.fileno()
+                )
                 if self._stopping:
                     break
-                if signalled and rows_last and not self._more:
+                if (rung or readable) and rows_last and not self._more:
                     # Under sustained traffic, wake-ups arriving within a millisecond of a
                     # poll that found rows are served by one poll: the rows wait for it in
                     # the table, so nothing is lost, and each poll carries several.
                     spacing = last_poll + BUSY_SPACING - time.monotonic()
                     if spacing > 0:
                         time.sleep(spacing)
-                self._wake.clear()
                 forced, self._forced = self._forced, False
                 rows = -1
                 with self._busy:
-                    due = (
-                        forced
-                        or self._more
-                        or (signalled and not self._hint.confirms_wakes)
-                        or self._hint.check()
-                        or time.monotonic() >= next_safety_poll
-                    )
+                    hinted = self._hint.readable() if readable else False
+                    checked = self._hint.check()
+                due = (
+                    forced
+                    or self._more
+                    or hinted
+                    or checked
+                    or time.monotonic() >= next_safety_poll
+                )
                 if due:
                     rows = self.poll()
                     last_poll, rows_last = time.monotonic(), rows > 0
@@ -297,7 +300,7 @@ class Listener:
                 self._poll_errors.report(exc, backoff)
                 with self._busy:
                     self._reads.close()
-                self._wake.wait(backoff)
+                self._bell.wait(backoff)
                 if not self._stopping:
                     self._health.restarts += 1
 

@@ -2,20 +2,18 @@
 socket open and quiet forever (no reset, no error), while the notifications go nowhere.
 
 So after ``after`` seconds without hearing anything on it, the PostgreSQL hint sends a
-``NOTIFY`` of its own channel on that very connection: the server answers (and echoes the
-notification back) within milliseconds if the path is alive. If the answer has not come within
-``timeout`` seconds, a watchdog shuts the socket down, the blocked call fails, and the hint
-reconnects as after any other connection loss. Any notification heard counts as a sign of life,
-so a busy channel never pings.
+``NOTIFY`` of its own channel on that very connection, without waiting for the answer: the
+server answers (and echoes the notification back) within milliseconds if the path is alive,
+and the listener, which waits on that socket anyway, hears it. If nothing has come back within
+``timeout`` seconds, the connection is given up and replaced as after any other loss. Any
+notification heard counts as a sign of life, so a busy channel never pings.
+
+This is only the bookkeeping; the hint (``wake.py``) sends and reads.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
 import time
-from typing import Any
 
 #: The payload of a self-NOTIFY (broadcasts carry a channel hash, a number).
 PING_PAYLOAD = "firm-channel-ping"
@@ -30,62 +28,49 @@ class Liveness:
         self.after = after
         self.timeout = timeout
         self.last_heard = time.monotonic()
+        #: When the unanswered self-NOTIFY was sent, if one is out.
+        self.sent_at: float | None = None
         #: Self-NOTIFYs answered, and the connections given up for not answering.
         self.pings = 0
         self.lost = 0
+
+    def reset(self) -> None:
+        """A new connection: nothing is out, and it counts as just heard."""
+        self.sent_at = None
+        self.heard()
 
     def heard(self) -> None:
         self.last_heard = time.monotonic()
 
     def due(self) -> bool:
-        return time.monotonic() - self.last_heard >= self.after
+        """Time to send a self-NOTIFY."""
+        return self.sent_at is None and time.monotonic() - self.last_heard >= self.after
 
-    def ping(self, conn: Any, notify_sql: Any) -> None:
-        """Run ``notify_sql`` on ``conn``; raise :class:`LivenessLost` when no answer came
-        within ``timeout`` (the socket is shut down so that the call cannot hang)."""
-        expired = threading.Event()
+    def sent(self) -> None:
+        self.sent_at = time.monotonic()
 
-        def abort() -> None:
-            expired.set()
-            _shut_down(conn)
-
-        watchdog = threading.Timer(self.timeout, abort)
-        watchdog.name = "firm-channel-liveness"
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            conn.execute(notify_sql, (PING_PAYLOAD,))
-        except Exception as exc:
-            if expired.is_set():
-                self.lost += 1
-                raise LivenessLost(
-                    f"the LISTEN connection did not answer a self-NOTIFY within "
-                    f"{self.timeout:g} s (after {self.after:g} s of silence); reconnecting"
-                ) from exc
-            raise
-        finally:
-            watchdog.cancel()
-            watchdog.join()
-        if expired.is_set():  # answered just as the watchdog fired: the socket is gone anyway
-            self.lost += 1
-            raise LivenessLost("the LISTEN connection answered a self-NOTIFY too late")
+    def answered(self) -> None:
+        self.sent_at = None
         self.pings += 1
         self.heard()
+
+    def check(self) -> None:
+        """Raise :class:`LivenessLost` when the self-NOTIFY out has gone unanswered too long."""
+        if self.sent_at is not None and time.monotonic() - self.sent_at >= self.timeout:
+            self.sent_at = None
+            self.lost += 1
+            raise LivenessLost(
+                f"the LISTEN connection did not answer a self-NOTIFY within "
+                f"{self.timeout:g} s (after {self.after:g} s of silence); reconnecting"
+            )
+
+    def next_event(self) -> float:
+        """Seconds until :meth:`due` or :meth:`check` has something to do."""
+        now = time.monotonic()
+        if self.sent_at is not None:
+            return max(0.0, self.sent_at + self.timeout - now)
+        return max(0.0, self.last_heard + self.after - now)
 
     def describe(self) -> str:
         quiet = time.monotonic() - self.last_heard
         return f"last heard {quiet:.0f} s ago; self-NOTIFY after {self.after:g} s of silence"
-
-
-def _shut_down(conn: Any) -> None:
-    """Make every blocked read or write on ``conn``'s socket fail at once."""
-    try:
-        sock = socket.socket(fileno=os.dup(conn.fileno()))
-    except Exception:  # noqa: BLE001 - a connection already closed has nothing to shut
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.close()

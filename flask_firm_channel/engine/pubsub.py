@@ -246,16 +246,11 @@ class PubSub:
             if self._listener is not None and self._listener.alive:
                 return
             resume = resume or self._listener
-            listener_ref: list[Listener] = []
-
-            def on_wake() -> None:
-                if listener_ref:
-                    listener_ref[0].hint_wake()
 
             def interested(hash_: int) -> bool:
                 return hash_ in self._registry.snapshot().hash_set
 
-            hint = make_hint(self.dialect, self.table, self.settings, on_wake, interested)
+            hint = make_hint(self.dialect, self.table, self.settings, interested)
             listener = Listener(
                 self.engine,
                 self.dialect,
@@ -265,7 +260,6 @@ class PubSub:
                 hint,
                 self._callbacks,
             )
-            listener_ref.append(listener)
             if resume is not None:
                 listener.resume_from(resume)
             listener.start()

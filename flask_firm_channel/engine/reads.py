@@ -3,7 +3,8 @@
 Every read is a union of index ranges, ``channel_hash IN (...) AND low < id <= high``, so each
 range is one descent of the ``(channel_hash, id)`` index and returns only the rows asked for,
 whatever the table's size, statistics or plan cache. Statements are compiled once per shape
-(how many hashes and ranges) and run on the driver's cursor without per-poll SQLAlchemy work.
+(how many hashes and ranges) and run on the driver without per-poll SQLAlchemy work
+(``drivers.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqlalchemy.sql import Select
 from .compiled import Compiled, result_processors
 from .connections import close_quietly, dedicated_connection
 from .dialects import Dialect
+from .drivers import CursorRunner, LibpqRunner
 
 #: Rows one open-ended range returns per poll; a listener that fell behind catches up in
 #: batches of this size instead of one unbounded read.
@@ -62,6 +64,7 @@ class Reads:
         self._dialect = dialect
         self._table = table
         self._conn: Any = None
+        self._runner: CursorRunner | LibpqRunner | None = None
         self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
         t = table
         self._convert = result_processors(
@@ -80,29 +83,27 @@ class Reads:
 
     # -- the connection -------------------------------------------------------------------
 
-    def _cursor(self) -> Any:
-        if self._conn is None:
-            conn = dedicated_connection(self._engine)
-            try:
-                self._dialect.prepare_reader(conn)
-            except BaseException:
-                close_quietly(conn)
-                raise
-            self._conn = conn
-        return self._conn.cursor()
+    def _connect(self) -> CursorRunner | LibpqRunner:
+        conn = dedicated_connection(self._engine)
+        try:
+            self._dialect.prepare_reader(conn)
+            runner = self._dialect.reader(conn)
+        except BaseException:
+            close_quietly(conn)
+            raise
+        self._conn, self._runner = conn, runner
+        return runner
 
     def close(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, runner, self._conn, self._runner = self._conn, self._runner, None, None
+        if runner is not None:
+            runner.close()
         if conn is not None:
             close_quietly(conn)
 
     def _run(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
-        cursor = self._cursor()
-        try:
-            cursor.execute(compiled.sql, compiled.params(values))
-            return list(cursor.fetchall())
-        finally:
-            cursor.close()
+        runner = self._runner or self._connect()
+        return runner.run(compiled, values)
 
     # -- statements -----------------------------------------------------------------------
 

@@ -4,16 +4,17 @@ milliseconds instead of sleeping a whole polling interval.
 A hint never carries a message. The table stays the only source of truth and the listener's
 periodic poll stays the safety net: a lost hint delays a message, it never loses one.
 
-The listener asks a hint two things: how long it may sleep (:meth:`WakeHint.next_timeout`),
-and, after sleeping, whether the table is worth querying (:meth:`WakeHint.check`). A hint that
-runs its own thread (PostgreSQL ``LISTEN``) calls ``on_wake`` instead.
+Hints run no threads of their own: everything happens on the listener thread. The listener
+asks a hint how long it may sleep (:meth:`WakeHint.next_timeout`) and which descriptor to wait
+on meanwhile (:meth:`WakeHint.fileno`: PostgreSQL's LISTEN socket, SQLite's inotify watch; see
+``doorbell.py``). When that descriptor turns readable it calls :meth:`WakeHint.readable`, and
+after every wake-up :meth:`WakeHint.check`; either returning True means "query the table now".
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Engine, Table
 
-from .connections import dedicated_connection
+from .connections import close_quietly, dedicated_connection
 from .dialects import Dialect, notify_channel_name
 from .filewatch import FileWatch
 from .liveness import PING_PAYLOAD, Liveness
@@ -46,22 +47,17 @@ class WakeHint:
     """No hint: poll the table every ``polling_interval`` (also the fallback of every hint)."""
 
     mode = "poll"
-    #: A wake from this hint only means "maybe": the listener calls :meth:`check` before
-    #: querying the table.
-    confirms_wakes = False
 
     def __init__(
         self,
         engine: Engine,
         table: Table,
         settings: Settings,
-        on_wake: Callable[[], None],
         interested: Callable[[int], bool],
     ) -> None:
         self.engine = engine
         self.table = table
         self.settings = settings
-        self.on_wake = on_wake
         self.interested = interested
         self.healthy = True
         self.wakes = 0
@@ -75,7 +71,16 @@ class WakeHint:
     def next_timeout(self) -> float:
         return self.settings.polling_interval
 
+    def fileno(self) -> int | None:
+        """A descriptor for the listener to wait on besides its timeout, or None."""
+        return None
+
+    def readable(self) -> bool:
+        """:meth:`fileno` turned readable; return True to query the table now."""
+        return False
+
     def check(self) -> bool:
+        """After any wake-up: return True to query the table now."""
         return True
 
     def activity(self, rows: int) -> None:
@@ -109,8 +114,8 @@ class DataVersionHint(WakeHint):
     """SQLite: ``PRAGMA data_version`` on a dedicated connection moves on every commit made by
     any other connection, in any process, and costs microseconds to read.
 
-    On Linux a watcher thread sleeps on inotify until the database's ``-wal`` file (or the
-    database file, outside WAL mode) is written, and the listener then reads data_version:
+    On Linux the listener sleeps on inotify until the database's ``-wal`` file (or the
+    database file, outside WAL mode) is written, and then reads data_version:
     no polling while idle, a wake-up within microseconds of a commit. Elsewhere, or if the
     watch is lost, data_version is read every millisecond while messages flow (for a second
     after the last one) and every 20 ms when idle: each read costs a thread wake-up and a
@@ -118,7 +123,6 @@ class DataVersionHint(WakeHint):
     """
 
     mode = "data_version"
-    confirms_wakes = True
     FAST = 0.001
     IDLE = 0.02
     ACTIVE_WINDOW = 1.0
@@ -132,8 +136,6 @@ class DataVersionHint(WakeHint):
         self._last_activity = 0.0
         self._retry_at = 0.0
         self._watch: FileWatch | None = None
-        self._watch_thread: threading.Thread | None = None
-        self._stopping = False
         #: Writes to the database files wake the listener (inotify); no timed reads needed.
         self.watching = False
         #: After a file event, data_version is re-read after 1, 2, 4 ... 64 ms: SQLite
@@ -181,10 +183,6 @@ class DataVersionHint(WakeHint):
         self._watch = watch
         self._watched = path
         self.watching = True
-        self._watch_thread = threading.Thread(
-            target=self._watch_loop, args=(watch,), name="firm-channel-watch", daemon=True
-        )
-        self._watch_thread.start()
 
     def detail(self) -> str:
         if not self.healthy:
@@ -195,20 +193,22 @@ class DataVersionHint(WakeHint):
             return f"inotify on {self._watched}, then data_version"
         return "data_version read every 1 ms while busy, 20 ms when idle"
 
-    def _watch_loop(self, watch: FileWatch) -> None:
-        # Only wakes the listener: the SQLite connection stays with the listener's thread.
+    def fileno(self) -> int | None:
+        return self._watch.fileno() if self.watching and self._watch is not None else None
+
+    def readable(self) -> bool:
+        # A write to the file: read data_version now (check) and shortly after, in case the
+        # commit was not published yet.
+        assert self._watch is not None
         try:
-            while not self._stopping:
-                if watch.wait(None):
-                    self._recheck = self.FAST
-                    self.on_wake()
+            if self._watch.drain():
+                self._recheck = self.FAST
         except Exception as exc:  # WatchLost, or the descriptor failing
-            if not self._stopping:
-                self.watching = False
-                self.errors += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("firm-channel SQLite file watch lost, reading data_version: %s", exc)
-                self.on_wake()
+            self.watching = False
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            log.warning("firm-channel SQLite file watch lost, reading data_version: %s", exc)
+        return False
 
     def next_timeout(self) -> float:
         if not self.healthy:
@@ -245,12 +245,8 @@ class DataVersionHint(WakeHint):
             self._last_activity = time.monotonic()
 
     def close(self) -> None:
-        self._stopping = True
-        watch, thread = self._watch, self._watch_thread
-        if watch is not None:
-            watch.stop()
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=2)
+        watch, self._watch = self._watch, None
+        self.watching = False
         if watch is not None:
             watch.close()
         self._close_conn()
@@ -258,38 +254,42 @@ class DataVersionHint(WakeHint):
     def _close_conn(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection may fail too
-                pass
+            close_quietly(conn)
 
 
 class NotifyHint(WakeHint):
-    """PostgreSQL: ``LISTEN`` on a dedicated autocommit connection in its own thread. Every
-    broadcast queues a ``NOTIFY`` carrying its channel hash inside its own transaction, so the
-    wake arrives at commit. If the connection drops, the listener polls until it is back.
-    After ``PING_AFTER`` seconds of silence the connection is checked with a self-NOTIFY
-    (``liveness.py``), so one silently dropped by a proxy or NAT is noticed and replaced."""
+    """PostgreSQL: ``LISTEN`` on a dedicated autocommit connection, whose socket the listener
+    waits on. Every broadcast queues a ``NOTIFY`` carrying its channel hash inside its own
+    transaction, so the wake arrives at commit. If the connection drops, the listener polls
+    until it is back. After ``PING_AFTER`` seconds of silence the connection is checked with a
+    self-NOTIFY (``liveness.py``), so one silently dropped by a proxy or NAT is noticed and
+    replaced.
+
+    Notifications are read with libpq's own calls (``consume_input`` and ``notifies`` of
+    psycopg's ``pgconn``): they never block, so the listener thread is never held here."""
 
     mode = "notify"
-    WAIT = 0.25
     #: Seconds of silence after which the LISTEN connection is checked, and how long it has
     #: to answer.
     PING_AFTER = 15.0
     PING_TIMEOUT = 5.0
+    #: Reconnect delays: the first, doubling up to the last while attempts keep failing.
+    RETRY_FIRST = 0.05
+    RETRY_MAX = 5.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._conn: Any = None
+        self._fd: int | None = None
         self.healthy = False
         self.liveness = Liveness(self.PING_AFTER, self.PING_TIMEOUT)
-        self._notify_sql: Any = None
+        self._ping_sql = b""
+        self._connected_before = False
+        self._retry_at = 0.0
+        self._backoff = self.RETRY_FIRST
 
     def open(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="firm-channel-notify", daemon=True)
-        self._thread.start()
+        self._connect()
 
     def detail(self) -> str:
         channel = notify_channel_name(self.table.name)
@@ -297,65 +297,107 @@ class NotifyHint(WakeHint):
             return f"LISTEN {channel} ({self.liveness.describe()})"
         return f"LISTEN {channel} down; table polled every {self.settings.polling_interval:g} s"
 
+    def fileno(self) -> int | None:
+        return self._fd if self._conn is not None else None
+
     def next_timeout(self) -> float:
-        return self.settings.safety_interval if self.healthy else self.settings.polling_interval
+        if self._conn is None:
+            retry = max(0.0, self._retry_at - time.monotonic())
+            return min(self.settings.polling_interval, retry)
+        return min(self.settings.safety_interval, self.liveness.next_event())
+
+    def readable(self) -> bool:
+        try:
+            return self._read()
+        except Exception as exc:
+            self._lost(exc)
+            return True
 
     def check(self) -> bool:
-        return not self.healthy
+        if self._conn is None:
+            if time.monotonic() >= self._retry_at:
+                self._connect()
+            # Down: the table is polled instead. Just back: what was sent while nobody was
+            # listening is found by this poll.
+            return True
+        try:
+            self.liveness.check()
+            if self.liveness.due():
+                self._conn.pgconn.send_query(self._ping_sql)
+                self.liveness.sent()
+        except Exception as exc:
+            self._lost(exc)
+            return True
+        return False
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2)
         self._close_conn()
 
-    def _run(self) -> None:
-        backoff = 0.05
-        connected_before = False
-        while not self._stop.is_set():
-            try:
-                if self._conn is None:
-                    self._connect()
-                    if connected_before:
-                        self.reconnects += 1
-                    connected_before = True
-                    backoff = 0.05
-                    # Whatever was sent while we were not listening is found by this poll.
-                    self.on_wake()
-                for note in self._conn.notifies(timeout=self.WAIT):
-                    self.liveness.heard()
-                    if note.payload != PING_PAYLOAD and self._wanted(note.payload):
-                        self.wakes += 1
-                        self.on_wake()
-                    if self._stop.is_set():
-                        break
-                if self.liveness.due() and not self._stop.is_set():
-                    self.liveness.ping(self._conn, self._notify_sql)
-            except Exception as exc:
-                if self._stop.is_set():
+    def _read(self) -> bool:
+        from psycopg import OperationalError, pq
+
+        pgconn = self._conn.pgconn
+        pgconn.consume_input()
+        if pgconn.status != pq.ConnStatus.OK:
+            raise OperationalError(pgconn.get_error_message() or "the LISTEN connection closed")
+        wanted = False
+        while (note := pgconn.notifies()) is not None:
+            self.liveness.heard()
+            payload = note.extra.decode("utf-8", "replace")
+            if payload != PING_PAYLOAD and self._wanted(payload):
+                self.wakes += 1
+                wanted = True
+        if self.liveness.sent_at is not None:
+            # The self-NOTIFY's own result: complete once libpq has all of it.
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    self.liveness.answered()
                     break
-                self._close_conn()
-                self._failed(exc)
-                self.on_wake()
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                if result.status != pq.ExecStatus.TUPLES_OK:
+                    message = result.error_message.decode("utf-8", "replace")
+                    raise OperationalError(f"self-NOTIFY failed: {message}")
+        return wanted
 
     def _connect(self) -> None:
-        from psycopg import sql  # only on PostgreSQL with psycopg 3
+        try:
+            from psycopg import sql  # only on PostgreSQL with psycopg 3
 
-        conn = dedicated_connection(self.engine)
-        if conn is None or not hasattr(conn, "notifies"):
-            raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
-        conn.rollback()
-        conn.autocommit = True
-        channel = sql.Identifier(notify_channel_name(self.table.name))
-        conn.execute(sql.SQL("LISTEN {}").format(channel))
-        self._notify_sql = sql.SQL("SELECT pg_notify({}, %s)").format(
-            sql.Literal(notify_channel_name(self.table.name))
-        )
-        self._conn = conn
-        self.liveness.heard()
+            conn = dedicated_connection(self.engine)
+            if conn is None or not hasattr(conn, "pgconn"):
+                raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
+            try:
+                conn.rollback()
+                conn.autocommit = True
+                name = notify_channel_name(self.table.name)
+                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
+                self._ping_sql = (
+                    sql.SQL("SELECT pg_notify({}, {})")
+                    .format(sql.Literal(name), sql.Literal(PING_PAYLOAD))
+                    .as_bytes(conn)
+                )
+                fd = conn.fileno()
+            except BaseException:
+                close_quietly(conn)
+                raise
+        except Exception as exc:
+            self._failed(exc)
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, self.RETRY_MAX)
+            return
+        self._conn, self._fd = conn, fd
+        self.liveness.reset()
         self.healthy = True
+        self._backoff = self.RETRY_FIRST
+        if self._connected_before:
+            self.reconnects += 1
+        self._connected_before = True
+
+    def _lost(self, exc: BaseException) -> None:
+        self._close_conn()
+        self._failed(exc)
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, self.RETRY_MAX)
 
     def _wanted(self, payload: str) -> bool:
         try:
@@ -364,13 +406,11 @@ class NotifyHint(WakeHint):
             return True
 
     def _close_conn(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._fd = self._conn, None, None
         self.healthy = False
+        self.liveness.sent_at = None
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection may fail too
-                pass
+            close_quietly(conn)
 
 
 class AdaptivePollHint(WakeHint):
@@ -427,11 +467,10 @@ def make_hint(
     dialect: Dialect,
     table: Table,
     settings: Settings,
-    on_wake: Callable[[], None],
     interested: Callable[[int], bool],
 ) -> WakeHint:
     """The hint the dialect asks for, or plain polling when hints are off or cannot work."""
     kind = dialect.wake_kind if settings.wake_hints else "poll"
     if kind == "data_version" and dialect.memory_database():
         kind = "poll"  # one in-memory database per process: the local wake-up is enough
-    return _HINTS[kind](dialect.engine, table, settings, on_wake, interested)
+    return _HINTS[kind](dialect.engine, table, settings, interested)
