@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from collections import deque
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from .subscriptions import Subscription
@@ -32,16 +32,18 @@ LANE_LIMIT = 10_000
 LINGER = 1.0
 
 Call = tuple[Any, "int | None"]
+#: Put on a lane by :meth:`CallbackRunner.close`: its thread ends at once.
+_CLOSE: Call = (object(), None)
 
 
 class _Lane:
-    __slots__ = ("sub", "items", "running", "ready", "overflowing")
+    __slots__ = ("sub", "items", "running", "overflowing")
 
-    def __init__(self, sub: Subscription, lock: threading.Lock) -> None:
+    def __init__(self, sub: Subscription, items: SimpleQueue[Call] | None = None) -> None:
         self.sub = sub
-        self.items: deque[Call] = deque()
+        # A C queue: a put wakes a waiting thread without running any Python in between.
+        self.items: SimpleQueue[Call] = items if items is not None else SimpleQueue()
         self.running = False
-        self.ready = threading.Condition(lock)
         self.overflowing = False
 
 
@@ -68,18 +70,16 @@ class CallbackRunner:
                 return
             lane = self._lanes.get(id(sub))
             if lane is None:
-                lane = self._lanes[id(sub)] = _Lane(sub, self._lock)
-            if len(lane.items) >= self.limit:
+                lane = self._lanes[id(sub)] = _Lane(sub)
+            if lane.items.qsize() >= self.limit:
                 self.dropped += 1
                 first = not lane.overflowing
                 lane.overflowing = True
             else:
                 first = False
                 lane.overflowing = False
-                lane.items.append((value, msg_id))
-                if lane.running:
-                    lane.ready.notify()
-                else:
+                lane.items.put((value, msg_id))
+                if not lane.running:
                     lane.running = True
                     self._spawn(lane)
         if first:
@@ -102,17 +102,21 @@ class CallbackRunner:
     # -- a lane's thread ------------------------------------------------------------------
 
     def _serve(self, lane: _Lane) -> None:
+        get = lane.items.get
         try:
             while True:
-                with self._lock:
-                    if not lane.items and not self._closed:
-                        lane.ready.wait(self.linger)
-                    if not lane.items or self._closed:
+                try:
+                    value, msg_id = get(timeout=self.linger)
+                except Empty:
+                    with self._lock:  # submit() puts under this lock: nothing slips past
+                        if lane.items.qsize() and not self._closed:
+                            continue
                         lane.running = False
-                        if self._lanes.get(id(lane.sub)) is lane and not lane.items:
+                        if self._lanes.get(id(lane.sub)) is lane:
                             del self._lanes[id(lane.sub)]
                         return
-                    value, msg_id = lane.items.popleft()
+                if self._closed or (value, msg_id) is _CLOSE:
+                    return
                 if lane.sub.active:
                     self._call(lane.sub, value, msg_id)
         finally:
@@ -142,15 +146,15 @@ class CallbackRunner:
     def backlog(self) -> int:
         """Calls queued and not started yet, over every lane."""
         with self._lock:
-            return sum(len(lane.items) for lane in self._lanes.values())
+            return sum(lane.items.qsize() for lane in self._lanes.values())
 
     def close(self, timeout: float = 2.0) -> None:
         """Drop what is queued, let running callbacks finish (up to ``timeout``)."""
         with self._lock:
             self._closed = True
             for lane in self._lanes.values():
-                lane.items.clear()
-                lane.ready.notify_all()
+                _drain(lane.items)
+                lane.items.put(_CLOSE)
             threads = list(self._threads)
         for thread in threads:
             if thread is not threading.current_thread():
@@ -176,10 +180,25 @@ class CallbackRunner:
         self._lock = threading.Lock()
         self._threads = set()
         with self._lock:
-            for lane in list(self._lanes.values()):
-                lane.ready = threading.Condition(self._lock)
-                lane.running = bool(lane.items) and not self._closed
-                if lane.running:
+            for key, lane in list(self._lanes.items()):
+                # A parent's thread may have been waiting on the old queue: a new one.
+                pending = _drain(lane.items)
+                if pending and not self._closed:
+                    items: SimpleQueue[Call] = SimpleQueue()
+                    for item in pending:
+                        items.put(item)
+                    lane = self._lanes[key] = _Lane(lane.sub, items)
+                    lane.running = True
                     self._spawn(lane)
                 else:
-                    del self._lanes[id(lane.sub)]
+                    del self._lanes[key]
+
+
+def _drain(items: SimpleQueue[Call]) -> list[Call]:
+    """Take everything queued, without waiting."""
+    taken = []
+    while True:
+        try:
+            taken.append(items.get_nowait())
+        except Empty:
+            return taken

@@ -112,8 +112,13 @@ class Listener:
         self._gaps = GapList()
         #: channel_hash -> the id at or below which its rows concern no subscription.
         self._floors: dict[int, int] = {}
-        #: Channel hashes the previous poll followed.
+        #: Channel hashes the previous poll followed, and the same sorted.
         self._followed: frozenset[int] = frozenset()
+        self._followed_sorted: tuple[int, ...] = ()
+        #: Bumped whenever this thread moves a subscription's anchor: with the snapshot's
+        #: version, it says when the anchors :meth:`_follow` last looked at may have changed.
+        self._anchor_epoch = 0
+        self._followed_key: tuple[int, int] | None = None
         #: Resumed subscriptions' cursor gaps below their anchors, by ``id(subscription)``.
         self._pending: dict[int, tuple[Subscription, _Pending]] = {}
         self._not_before: datetime | None = None
@@ -145,6 +150,7 @@ class Listener:
         self._gaps = previous._gaps.copy()
         self._floors = dict(previous._floors)
         self._followed = previous._followed
+        self._followed_sorted = previous._followed_sorted
         self._pending = dict(previous._pending)
         self._starting = [s for s in previous._starting if not s.started]
         self._not_before = previous._not_before
@@ -320,12 +326,14 @@ class Listener:
         self._starting.extend(self._registry.take_added())
         snap = self._registry.snapshot()
         if not snap.hashes:
-            self._followed = frozenset()
+            self._followed, self._followed_key = frozenset(), None
             self._floors.clear()
             self._pending.clear()
             self._starting.clear()
             return 0
-        if self._high_water is None or snap.pending():
+        if self._high_water is None or (
+            (snap.version, self._anchor_epoch) != self._followed_key and snap.pending()
+        ):
             with self._busy:
                 self._anchor(snap)
         assert self._high_water is not None
@@ -353,6 +361,7 @@ class Listener:
             # below the first row created after that moment.
             first_id = self._reads.first_id_since(sub.since)
             sub.anchor = max_id if first_id is None else first_id - 1
+            self._anchor_epoch += 1
         if self._high_water is None:
             if not self._poll_errors.saw_missing_table:
                 self._check_indexes()
@@ -360,7 +369,7 @@ class Listener:
             # existed (for instance in a gunicorn master before the fork) loses nothing.
             anchors = [s.anchor for s in snap.subs if s.anchor is not None]
             self._high_water = min(anchors + [max_id])
-            self._followed = frozenset()
+            self._followed, self._followed_key = frozenset(), None
 
     def _check_indexes(self) -> None:
         """Say once, at start, if the table predates the ``(channel_hash, id)`` index."""
@@ -381,6 +390,11 @@ class Listener:
         """Give channels followed since the last poll their floor, forget the ones no longer
         followed, and move the high-water mark over ids no subscription can want."""
         assert self._high_water is not None
+        key = (snap.version, self._anchor_epoch)
+        if key == self._followed_key and not self._floors:
+            # The same subscriptions with the same anchors as last time, every floor passed:
+            # nothing here can change (the high-water mark only grows).
+            return
         by_hash: dict[int, int] = {}
         for sub in snap.subs:
             if sub.anchor is None:
@@ -401,7 +415,10 @@ class Listener:
         for key, (sub, _) in list(self._pending.items()):
             if not sub.active:
                 del self._pending[key]
+        if self._followed != snap.hash_set:
+            self._followed_sorted = tuple(sorted(snap.hash_set))
         self._followed = snap.hash_set
+        self._followed_key = key
         lowest = min(self._floors.get(h, -1) for h in snap.hash_set)
         if lowest > self._high_water:
             # Nothing between here and ``lowest`` concerns any subscription. It was not read,
@@ -466,6 +483,7 @@ class Listener:
             # A cursor from before the table went backwards (emptied with ids reset, restored):
             # nothing above it will come for a long time. Start again from what is there.
             sub.anchor = 0 if oldest is None else oldest - 1
+            self._anchor_epoch += 1
             sub.resume = Cursor(sub.anchor)
         elif oldest is None or oldest <= sub.anchor + 1:
             return
@@ -478,6 +496,8 @@ class Listener:
         gaps, and resumed subscriptions' awaited ids."""
         hw = self._high_water
         assert hw is not None
+        if not self._floors and not self._gaps and not self._pending:
+            return [Range(self._followed_sorted, hw)]  # the steady state
         ranges = []
         by_low: dict[int, list[int]] = defaultdict(list)
         for h in self._followed:
@@ -679,8 +699,10 @@ class Listener:
         self._gaps.clear()
         self._floors.clear()
         self._pending.clear()
-        self._followed = frozenset()
+        self._followed, self._followed_key = frozenset(), None
         self._not_before = self._newest_seen
         for sub in self._registry.snapshot().subs:
             sub.anchor = 0
+        self._anchor_epoch += 1
+        self._followed_key = None
         self.wake()
