@@ -57,8 +57,6 @@ MAX_GAP_RANGES = 32
 #: other channels' rows; a larger one (a quiet channel in a busy table) is left to be probed
 #: through the index until it expires, which costs no rows.
 FOREIGN_READ_LIMIT = 1000
-#: Under sustained traffic, polls are at least this far apart (seconds).
-BUSY_SPACING = 0.001
 #: How often an idle listener checks whether the table went backwards (emptied, restored).
 RESET_CHECK_INTERVAL = 1.0
 
@@ -266,10 +264,11 @@ class Listener:
                 if self._stopping:
                     break
                 if (rung or readable) and rows_last and not self._more:
-                    # Under sustained traffic, wake-ups arriving within a millisecond of a
-                    # poll that found rows are served by one poll: the rows wait for it in
-                    # the table, so nothing is lost, and each poll carries several.
-                    spacing = last_poll + BUSY_SPACING - time.monotonic()
+                    # Under sustained traffic, wake-ups arriving within the hint's spacing of
+                    # a poll that found rows are served by one poll: the rows wait for it in
+                    # the table, so nothing is lost, and each poll carries several. A wake-up
+                    # after a poll that found nothing is served at once.
+                    spacing = last_poll + self._hint.busy_spacing - time.monotonic()
                     if spacing > 0:
                         time.sleep(spacing)
                 forced, self._forced = self._forced, False
