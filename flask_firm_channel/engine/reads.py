@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -39,8 +38,7 @@ BATCH = 1000
 _CACHED_SHAPES = 64
 
 
-@dataclass(frozen=True)
-class Range:
+class Range(NamedTuple):
     """Rows of ``hashes`` with ``low < id`` (and ``id <= high`` unless ``high`` is None)."""
 
     hashes: tuple[int, ...]
@@ -48,8 +46,9 @@ class Range:
     high: int | None = None
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
+    """A row read by the listener (a tuple: hundreds are made a second, each cheaply)."""
+
     id: int
     channel: bytes
     payload: bytes
