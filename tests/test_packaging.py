@@ -110,8 +110,13 @@ def test_sdist_has_the_license_and_true_metadata(sdist: tarfile.TarFile) -> None
 
 
 def test_the_listen_path_uses_what_the_floor_guarantees() -> None:
-    """psycopg 3.2 added ``Connection.notifies(timeout=...)``; the floor must not be lower."""
-    wake = (ROOT / "flask_firm_channel" / "engine" / "wake.py").read_text()
-    assert "notifies(timeout=" in wake
+    """The PostgreSQL listener talks to libpq through psycopg's ``pgconn`` and loads rows
+    with its ``Transformer`` (``drivers.py``, ``wake.py``); the declared floor is 3.2."""
+    import psycopg
+    from psycopg.adapt import Transformer
+
+    for name in ("consume_input", "notifies", "send_query", "prepare", "exec_prepared"):
+        assert hasattr(psycopg.pq.PGconn, name), name
+    assert hasattr(Transformer, "load_rows") and hasattr(Transformer, "dump_sequence")
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'"psycopg\[binary\]>=3\.2"', pyproject)
