@@ -25,6 +25,7 @@ DEFAULTS: dict[str, Any] = {
     "FIRM_CHANNEL_MAX_PAYLOAD_SIZE": 1024 * 1024,
     "FIRM_CHANNEL_WAKE_HINTS": True,
     "FIRM_CHANNEL_SAFETY_INTERVAL": 5.0,
+    "FIRM_CHANNEL_BATCH_WINDOW": 0.004,
     "FIRM_CHANNEL_SQLITE_WAL": True,
     "FIRM_CHANNEL_LISTENER": True,
     "FIRM_CHANNEL_BIND_KEY": None,
@@ -51,6 +52,7 @@ _SETTING_FOR_KEY = {
     "FIRM_CHANNEL_MAX_PAYLOAD_SIZE": "max_payload_size",
     "FIRM_CHANNEL_WAKE_HINTS": "wake_hints",
     "FIRM_CHANNEL_SAFETY_INTERVAL": "safety_interval",
+    "FIRM_CHANNEL_BATCH_WINDOW": "batch_window",
     "FIRM_CHANNEL_SQLITE_WAL": "sqlite_wal",
     "FIRM_CHANNEL_HEARTBEAT_INTERVAL": "heartbeat_interval",
 }

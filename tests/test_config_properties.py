@@ -34,6 +34,7 @@ DURATIONS = {
     "FIRM_CHANNEL_COMMIT_GRACE": (False, "commit_grace"),
     "FIRM_CHANNEL_MESSAGE_RETENTION": (False, "message_retention"),
     "FIRM_CHANNEL_SAFETY_INTERVAL": (True, "safety_interval"),
+    "FIRM_CHANNEL_BATCH_WINDOW": (False, "batch_window"),
     "FIRM_CHANNEL_HEARTBEAT_INTERVAL": (False, "heartbeat_interval"),
     "FIRM_CHANNEL_SSE_HEARTBEAT": (True, "heartbeat"),
     "FIRM_CHANNEL_SSE_RETRY": (True, "retry"),
@@ -59,6 +60,7 @@ ENGINE_NAMES = [
     "trim_batch_size",
     "max_payload_size",
     "safety_interval",
+    "batch_window",
     "heartbeat_interval",
     "auto_trim",
     "wake_hints",
@@ -121,6 +123,8 @@ def expected_value(key: str, value: Any) -> Any:
         if key == "FIRM_CHANNEL_COMMIT_GRACE" and seconds > DAY:
             raise Refused(ValueError, "FIRM_CHANNEL_MESSAGE_RETENTION")  # retention < grace
         if key == "FIRM_CHANNEL_MESSAGE_RETENTION" and seconds < 5.0:
+            raise Refused(ValueError, key)
+        if key == "FIRM_CHANNEL_BATCH_WINDOW" and seconds > 1.0:
             raise Refused(ValueError, key)
         return seconds
     if key in INTEGERS:

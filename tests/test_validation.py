@@ -200,6 +200,9 @@ BAD_CONFIG = [
     ("FIRM_CHANNEL_WAKE_HINTS", "off", TypeError),
     ("FIRM_CHANNEL_LISTENER", "no", TypeError),
     ("FIRM_CHANNEL_SAFETY_INTERVAL", 0, ValueError),
+    ("FIRM_CHANNEL_BATCH_WINDOW", -0.001, ValueError),
+    ("FIRM_CHANNEL_BATCH_WINDOW", 1.5, ValueError),
+    ("FIRM_CHANNEL_BATCH_WINDOW", "4ms", TypeError),
 ]
 
 

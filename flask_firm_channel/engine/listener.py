@@ -264,11 +264,11 @@ class Listener:
                 if self._stopping:
                     break
                 if (rung or readable) and rows_last and not self._more:
-                    # Under sustained traffic, wake-ups arriving within the hint's spacing of
+                    # Under sustained traffic, wake-ups arriving within the batch window of
                     # a poll that found rows are served by one poll: the rows wait for it in
                     # the table, so nothing is lost, and each poll carries several. A wake-up
                     # after a poll that found nothing is served at once.
-                    spacing = last_poll + self._hint.busy_spacing - time.monotonic()
+                    spacing = last_poll + self._settings.batch_window - time.monotonic()
                     if spacing > 0:
                         time.sleep(spacing)
                 forced, self._forced = self._forced, False

@@ -19,6 +19,8 @@ MAX_SECONDS = 100 * 365 * 86400.0
 MAX_TRIM_BATCH_SIZE = 10_000
 #: The largest payload limit: PostgreSQL stores at most 1 GiB in one value.
 MAX_PAYLOAD_LIMIT = 1024 * 1024 * 1024
+#: The longest batch window: under steady traffic no message waits longer than it to be read.
+MAX_BATCH_WINDOW = 1.0
 
 
 def to_seconds(value: Any, name: str, *, allow_zero: bool = False) -> float:
@@ -96,6 +98,10 @@ class Settings:
     wake_hints: bool = True
     #: While a wake hint is healthy, the table is still polled this often as a safety net.
     safety_interval: float = 5.0
+    #: Under sustained traffic, polls are at least this far apart, so that each reads every
+    #: message that came meanwhile (on MySQL/MariaDB: the pace of the busy poll). A message
+    #: after a quiet moment is read at once. 0 reads each message on a poll of its own.
+    batch_window: float = 0.004
     #: On SQLite: switch the database to WAL and ``synchronous=NORMAL`` (readers never block
     #: the writer; commits stay durable across application crashes).
     sqlite_wal: bool = True
@@ -114,6 +120,7 @@ class Settings:
             ("message_retention", True),
             ("safety_interval", False),
             ("heartbeat_interval", True),
+            ("batch_window", True),
         ):
             seconds = to_seconds(getattr(self, name), label(name), allow_zero=allow_zero)
             object.__setattr__(self, name, seconds)
@@ -123,6 +130,11 @@ class Settings:
                 f"{label('commit_grace')} ({self.commit_grace:g} s): a row younger than the"
                 " commit grace may sit above a transaction that has not committed yet, and"
                 " trimming it could delete messages a listener has not read"
+            )
+        if self.batch_window > MAX_BATCH_WINDOW:
+            raise ValueError(
+                f"{label('batch_window')} must be at most {MAX_BATCH_WINDOW:g} seconds (messages"
+                f" under steady traffic wait up to this long to be read), got {self.batch_window:g}"
             )
         trim_batch_size(self.trim_batch_size, label("trim_batch_size"))
         positive_int(self.max_payload_size, label("max_payload_size"), MAX_PAYLOAD_LIMIT)

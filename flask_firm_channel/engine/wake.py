@@ -47,9 +47,6 @@ class WakeHint:
     """No hint: poll the table every ``polling_interval`` (also the fallback of every hint)."""
 
     mode = "poll"
-    #: Under sustained traffic, polls woken by this hint are at least this far apart
-    #: (seconds), so that each carries several messages (see the listener's loop).
-    busy_spacing = 0.001
 
     def __init__(
         self,
@@ -270,14 +267,9 @@ class NotifyHint(WakeHint):
 
     Notifications are read with libpq's own calls (``consume_input`` and ``notifies`` of
     psycopg's ``pgconn``): they never block, so the listener thread is never held here.
-
-    A poll here is a round trip to the server, which costs the listening process about ten
-    times what a SQLite poll does. So under sustained traffic (a poll found rows) polls are at
-    least ``busy_spacing`` apart: at 500 msg/s each carries about two messages and the
-    subscriber's CPU halves, while a message that follows a quiet moment is read at once."""
+"""
 
     mode = "notify"
-    busy_spacing = 0.004
     #: Seconds of silence after which the LISTEN connection is checked, and how long it has
     #: to answer.
     PING_AFTER = 15.0
@@ -424,10 +416,10 @@ class NotifyHint(WakeHint):
 
 class AdaptivePollHint(WakeHint):
     """MySQL/MariaDB have no change signal a client can wait on, so the listener polls the
-    table itself (an index range read that returns nothing when idle): every 4 ms while
-    messages flow and for a moment after the last one, so a message every few milliseconds
-    waits 4 ms at most, then backing off to ``polling_interval`` (at most 40 ms) when idle.
-    Polling every 2 ms instead cost 1.6 times the CPU at 500 msg/s for 1-2 ms less latency.
+    table itself (an index range read that returns nothing when idle): every ``batch_window``
+    (4 ms; at least 1 ms) while messages flow and for a moment after the last one, so a
+    message every few milliseconds waits that long at most, then backing off to
+    ``polling_interval`` (at most 40 ms) when idle.
 
     The idle pace is a trade: each poll costs the listening process about half a millisecond
     of CPU (a timed wake-up, a round trip, the driver's decoding), so 40 ms keeps an idle
@@ -435,22 +427,24 @@ class AdaptivePollHint(WakeHint):
     22 ms on average."""
 
     mode = "adaptive"
-    FAST = 0.004
-    #: Seconds after the last message during which polls stay at ``FAST``.
+    #: The fastest busy poll, whatever ``batch_window`` says.
+    FASTEST = 0.001
+    #: Seconds after the last message during which polls stay at the busy pace.
     ACTIVE_WINDOW = 0.3
     CEILING = 0.04
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._fast = max(self.FASTEST, self.settings.batch_window)
         self._interval = self._slowest()
         self._last_rows = 0.0
 
     def _slowest(self) -> float:
-        return max(self.FAST, min(self.settings.polling_interval, self.CEILING))
+        return max(self._fast, min(self.settings.polling_interval, self.CEILING))
 
     def detail(self) -> str:
         idle = self._slowest() * 1000
-        busy = self.FAST * 1000
+        busy = self._fast * 1000
         return f"table polled every {self._interval * 1000:g} ms ({busy:g} ms busy, {idle:g} ms idle)"
 
     def next_timeout(self) -> float:
@@ -461,7 +455,7 @@ class AdaptivePollHint(WakeHint):
         if rows:
             self.wakes += 1
             self._last_rows = now
-            self._interval = self.FAST
+            self._interval = self._fast
         elif now - self._last_rows > self.ACTIVE_WINDOW:
             self._interval = min(self._interval * 1.5, self._slowest())
 
