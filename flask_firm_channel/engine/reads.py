@@ -141,8 +141,9 @@ class Reads:
                 values[f"hi{k}"] = r.high
         channel_of, payload_of, created_of = self._convert
         found: dict[int, Row] = {}
-        for msg_id, channel, payload, created_at, k in self._run(compiled, values):
+        for msg_id, channel, payload, created_at, *tag in self._run(compiled, values):
             msg_id = int(msg_id)
+            k = tag[0] if tag else parts[0][0]
             if msg_id in found:
                 continue
             if channel_of is not None:
@@ -184,13 +185,9 @@ class Reads:
         selects: list[Select[Any]] = []
         for k, n_hashes, open_ended in parts:
             hashes = [bindparam(f"h{k}_{i}", type_=BigInteger) for i in range(n_hashes)]
-            stmt = select(
-                t.c.id,
-                t.c.channel,
-                t.c.payload,
-                t.c.created_at,
-                literal_column(str(k), Integer).label("k"),
-            ).where(
+            # Which range a row came from only matters when there are several.
+            tag = [literal_column(str(k), Integer).label("k")] if len(parts) > 1 else []
+            stmt = select(t.c.id, t.c.channel, t.c.payload, t.c.created_at, *tag).where(
                 t.c.channel_hash.in_(hashes) if n_hashes > 1 else t.c.channel_hash == hashes[0],
                 t.c.id > bindparam(f"lo{k}", type_=BigInteger),
             )
