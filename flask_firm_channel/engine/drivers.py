@@ -5,16 +5,19 @@ sleep: whatever code it runs, it runs with cold caches. So the path is kept shor
 
 - :class:`CursorRunner` (SQLite, MySQL/MariaDB): one cursor, reused for every statement.
 - :class:`LibpqRunner` (PostgreSQL with psycopg 3): each statement prepared once on the
-  connection and run with libpq's own calls (``exec_prepared``), its rows loaded in binary by
-  psycopg's own loaders. psycopg's cursor does the same work through several layers of Python
-  per execution; measured on a listener's single-row poll after a 2 ms sleep, it cost about
-  twice the CPU. A connection made with ``prepare_threshold=None`` (PgBouncer in transaction
-  mode) prepares nothing: each statement is sent whole (``exec_params``).
+  connection and run with libpq's own calls, its rows loaded in binary by psycopg's own
+  loaders. psycopg's cursor does the same work through several layers of Python per
+  execution; measured on a listener's single-row poll after a 2 ms sleep, it cost about twice
+  the CPU. The reply is awaited with ``select`` on the connection's socket, never inside
+  libpq, so under gevent or eventlet (which patch ``select``) a poll yields to other
+  greenlets as psycopg's own cursor does. A connection made with ``prepare_threshold=None``
+  (PgBouncer in transaction mode) prepares nothing: each statement is sent whole.
 """
 
 from __future__ import annotations
 
 import re
+import select
 from collections import OrderedDict
 from typing import Any
 
@@ -46,6 +49,7 @@ class LibpqRunner:
         from psycopg.adapt import PyFormat, Transformer
 
         self._pgconn = conn.pgconn
+        self._fd = conn.fileno()
         self._encoding = conn.info.encoding
         self._tx = Transformer(conn)
         self._text = PyFormat.TEXT
@@ -65,12 +69,32 @@ class LibpqRunner:
         params = compiled.params(values)
         args = self._tx.dump_sequence([params[n] for n in order], [self._text] * len(order))
         if name is None:
-            result = self._pgconn.exec_params(sql, args, result_format=self._binary)
+            self._pgconn.send_query_params(sql, args, result_format=self._binary)
         else:
-            result = self._pgconn.exec_prepared(name, args, result_format=self._binary)
-        self._check(result)
+            self._pgconn.send_query_prepared(name, args, result_format=self._binary)
+        result = self._result()
         self._tx.set_pgresult(result, format=self._binary)
         return self._tx.load_rows(0, result.ntuples, tuple)
+
+    def _result(self) -> Any:
+        """The result of the statement just sent (raised if it failed), once libpq has all of
+        it. The wait is ``select`` on the socket: a green thread's, where gevent patched it."""
+        pgconn, first = self._pgconn, None
+        while True:
+            while pgconn.is_busy():
+                select.select([self._fd], [], [])
+                pgconn.consume_input()
+            result = pgconn.get_result()
+            if result is None:
+                break
+            if first is None:
+                first = result
+        if first is None:
+            from psycopg import OperationalError
+
+            raise OperationalError("the server sent no result")
+        self._check(first)
+        return first
 
     def _statement(self, compiled_sql: str) -> tuple[bytes | None, bytes, list[str]]:
         order: list[str] = []
@@ -85,12 +109,14 @@ class LibpqRunner:
         if self._prepare:
             self._count += 1
             name = b"firm_channel_%d" % self._count
-            self._check(self._pgconn.prepare(name, sql))
+            self._pgconn.send_prepare(name, sql)
+            self._result()
         self._statements[compiled_sql] = (name, sql, order)
         while len(self._statements) > PREPARED_LIMIT:
             old, _, _ = self._statements.popitem(last=False)[1]
             if old is not None:
-                self._check(self._pgconn.exec_(b"DEALLOCATE " + old))
+                self._pgconn.send_query(b"DEALLOCATE " + old)
+                self._result()
         return self._statements[compiled_sql]
 
     def _check(self, result: Any) -> None:
