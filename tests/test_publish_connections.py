@@ -98,12 +98,21 @@ def test_broadcast_after_every_idle_connection_was_killed(
         ids = several_idle(backend, pubsub)
         kill(admin, backend, ids)
         before = row_count(engine, table)
-        # The first broadcast finds a dead connection, and does not take another dead one
-        # for its one retry: it succeeds, and so does every one after it.
+        # The first broadcast sees that the server closed the idle connection it takes
+        # before sending anything on it (a single-row broadcast commits by itself, so it
+        # could not be retried), and replaces it without taking another dead one: it
+        # succeeds, and so does every one after it, each stored once.
         for n in range(3):
             pubsub.broadcast("publish:after-kill", f"after {n}")
         assert row_count(engine, table) == before + 3
-        assert pubsub._publisher.retries == 1
+        assert pubsub._publisher.retries == 0
+        assert not set(idle_ids(backend, pubsub)) & set(ids)
+        # Several rows in one transaction, on connections killed again: the same.
+        ids = several_idle(backend, pubsub)
+        kill(admin, backend, ids)
+        before = row_count(engine, table)
+        pubsub.broadcast_many([("publish:after-kill", f"many {n}") for n in range(3)])
+        assert row_count(engine, table) == before + 3
         assert not set(idle_ids(backend, pubsub)) & set(ids)
     finally:
         pubsub.close()

@@ -137,6 +137,32 @@ def test_created_at_keeps_microseconds_and_is_naive_utc(make_app: Callable[..., 
     assert fresh == sorted(fresh)
 
 
+def test_broadcast_stores_created_at_as_sqlalchemy_does(
+    make_pubsub: Callable[..., Any], engine: sa.Engine, table: sa.Table, backend: str
+) -> None:
+    """The publish path binds ``created_at`` itself (on SQLite, text in SQLAlchemy's own
+    format): what it stores must be byte for byte what SQLAlchemy would have stored, or the
+    trimmer's and the admin console's comparisons would be off."""
+    pubsub = make_pubsub(auto_trim=False)
+    ids = [pubsub.broadcast("clock", str(i)) for i in range(3)]
+    processor = table.c.created_at.type.dialect_impl(engine.dialect).bind_processor(engine.dialect)
+    raw_sql = f"SELECT id, created_at FROM {table.name} WHERE id IN ({', '.join(map(str, ids))})"
+    with engine.connect() as conn:
+        raw = dict(conn.exec_driver_sql(raw_sql).all())
+        parsed = dict(conn.execute(sa.select(table.c.id, table.c.created_at)).all())
+    for i in ids:
+        if backend == "sqlite":
+            assert isinstance(raw[i], str) and processor is not None
+            assert raw[i] == processor(parsed[i]), (raw[i], processor(parsed[i]))
+        else:
+            assert raw[i] == parsed[i]
+    # Whole seconds too (no fraction dropped), through the binder broadcast() uses.
+    binder = pubsub._publisher._created_at
+    for value in (datetime(2024, 2, 29, 23, 59, 58), datetime(999, 1, 2, 3, 4, 5, 6)):
+        expected = processor(value) if processor is not None else value
+        assert (binder(value) if binder is not None else value) == expected
+
+
 def test_channel_hash_is_signed_sha256_prefix(make_app: Callable[..., Any]) -> None:
     # Known vectors, also computed here independently of the library.
     assert _independent_hash(b"room:42") == 4058071420173215221

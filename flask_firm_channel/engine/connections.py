@@ -4,7 +4,8 @@ The listener's wake hints hold one for as long as they run. The publish path kee
 a small stack: a pooled connection pays a ROLLBACK on every return (a network round trip on
 MySQL), which a broadcast that has just committed does not need. The stack honours what the
 engine's pool was told: ``pool_recycle`` (a connection older than that is replaced) and
-``pool_pre_ping`` (an idle connection is pinged before it is used).
+``pool_pre_ping`` (an idle connection is pinged before it is used). An idle connection the
+server has spoken on unasked (``suspect``: it is closing it) is pinged too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine
@@ -21,6 +23,20 @@ from sqlalchemy import Engine
 #: can checkpoint the parent's WAL; closing a PostgreSQL one sends the server a goodbye on the
 #: parent's socket), so they are kept here, unreachable but alive, for the life of the child.
 _inherited: list[Any] = []
+
+
+#: Bumped in every child process at fork: a stack made before it holds the parent's
+#: connections. A counter read instead of ``os.getpid()``, a system call, on every broadcast.
+_fork_generation = 0
+
+
+def _forked() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def keep_inherited(*objects: Any) -> None:
@@ -45,16 +61,26 @@ def close_quietly(conn: Any) -> None:
 
 
 class ConnectionStack:
-    """Up to ``keep`` idle driver connections, reused last-in first-out."""
+    """Up to ``keep`` idle driver connections, reused last-in first-out. ``prepare`` runs on
+    each new one; ``suspect(conn)`` says an idle one may be dead (it is pinged first)."""
 
-    def __init__(self, engine: Engine, keep: int = 4) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        keep: int = 4,
+        *,
+        prepare: Callable[[Any], None] | None = None,
+        suspect: Callable[[Any], bool] | None = None,
+    ) -> None:
         self._engine = engine
         self._keep = keep
+        self._prepare = prepare
+        self._suspect = suspect
         #: ``(connection, monotonic time it was made)``
         self._idle: list[tuple[Any, float]] = []
         self._born: dict[int, float] = {}
         self._lock = threading.Lock()
-        self._pid = os.getpid()
+        self._generation = _fork_generation
         recycle = getattr(engine.pool, "_recycle", -1)
         self._recycle: float | None = float(recycle) if recycle and recycle > 0 else None
         self._pre_ping = bool(getattr(engine.pool, "_pre_ping", False))
@@ -62,13 +88,14 @@ class ConnectionStack:
     def acquire(self) -> Any:
         while True:
             with self._lock:
-                if not self._idle or self._pid != os.getpid():
+                if not self._idle or self._generation != _fork_generation:
                     break
                 conn, born = self._idle.pop()
             if self._recycle is not None and time.monotonic() - born > self._recycle:
                 close_quietly(conn)
                 continue
-            if self._pre_ping and not self._alive(conn):
+            ping = self._pre_ping or (self._suspect is not None and self._suspect(conn))
+            if ping and not self._alive(conn):
                 # One dead means the server went away or an idle timeout struck: the others,
                 # idle as long or longer, are no better.
                 close_quietly(conn)
@@ -77,6 +104,12 @@ class ConnectionStack:
             self._born[id(conn)] = born
             return conn
         conn = dedicated_connection(self._engine)
+        try:
+            if self._prepare is not None:
+                self._prepare(conn)
+        except BaseException:
+            close_quietly(conn)
+            raise
         self._born[id(conn)] = time.monotonic()
         return conn
 
@@ -90,7 +123,7 @@ class ConnectionStack:
     def release(self, conn: Any) -> None:
         born = self._born.pop(id(conn), time.monotonic())
         with self._lock:
-            if self._pid == os.getpid() and len(self._idle) < self._keep:
+            if self._generation == _fork_generation and len(self._idle) < self._keep:
                 self._idle.append((conn, born))
                 return
         close_quietly(conn)
@@ -113,7 +146,7 @@ class ConnectionStack:
         keep_inherited(*(conn for conn, _ in self._idle))
         self._idle = []
         self._born = {}
-        self._pid = os.getpid()
+        self._generation = _fork_generation
 
     def close(self) -> None:
         self.discard_idle()

@@ -1,12 +1,15 @@
 """The publish path: one INSERT (plus the PostgreSQL NOTIFY, in the same statement) and a
 COMMIT. The statement is compiled once by SQLAlchemy and executed on a driver cursor of a
 connection kept for publishing, so a broadcast does no per-call compilation, ORM work or
-pool reset. Driver errors are raised as SQLAlchemy's ``DBAPIError`` subclasses."""
+pool reset. Where the dialect allows (``Dialect.publish_autocommit``), a single-row
+broadcast is the INSERT alone on an autocommit connection: one round trip, its own
+transaction. Driver errors are raised as SQLAlchemy's ``DBAPIError`` subclasses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
@@ -18,13 +21,22 @@ from .table import channel_hash, utcnow
 
 Row = tuple[bytes, bytes]
 
+#: Most apps broadcast on a few channels: their hashes are kept rather than recomputed
+#: (a SHA-256 per broadcast). Bounded: at most this many channels of up to 1024 bytes.
+_hash = lru_cache(maxsize=1024)(channel_hash)
+
 
 class Publisher:
     def __init__(self, engine: Engine, dialect: Dialect, table: Table, *, notify: bool) -> None:
         notify = notify and dialect.wake_kind == "notify"
         self._engine = engine
         self._dialect = dialect
-        self._connections = ConnectionStack(engine)
+        self._autocommit = dialect.publish_autocommit
+        self._connections = ConnectionStack(
+            engine,
+            prepare=dialect.prepare_publisher,
+            suspect=dialect.server_spoke if self._autocommit else None,
+        )
         #: Broadcasts retried on a fresh connection after their first one turned out dead.
         self.retries = 0
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
@@ -36,31 +48,35 @@ class Publisher:
         self._order: list[str] | None = (
             list(compiled.positiontup or []) if compiled.positional else None
         )
-        columns = dict(
-            zip(INSERT_PARAMS, ("channel", "payload", "channel_hash", "created_at"), strict=True)
-        )
-        self._processors: dict[str, Callable[[Any], Any]] = {}
-        for param, column in columns.items():
-            type_ = table.c[column].type.dialect_impl(engine.dialect)
-            processor = type_.bind_processor(engine.dialect)
-            if processor is not None:
-                self._processors[param] = processor
+        # The channel and payload are bytes (validate.py), which every supported driver binds
+        # as a binary value as they are: their columns' bind processors would only wrap them
+        # in the driver's Binary type (a copy, with PyMySQL). The channel hash is an int.
+        self._created_at = dialect.datetime_binder(table.c.created_at.type)
+        if self._order is not None and self._order != list(INSERT_PARAMS) + list(self._extra):
+            raise AssertionError(f"unexpected parameter order {self._order}")
 
     def _values(self, channel: bytes, payload: bytes, now: datetime) -> dict[str, Any]:
         return {
             "p_channel": channel,
             "p_payload": payload,
-            "p_channel_hash": channel_hash(channel),
+            "p_channel_hash": _hash(channel),
             "p_created_at": now,
             **self._extra,
         }
 
-    def _driver_params(self, values: dict[str, Any]) -> Any:
-        for name, processor in self._processors.items():
-            values[name] = processor(values[name])
-        if self._order is None:
-            return values
-        return tuple(values[name] for name in self._order)
+    def _driver_params(self, channel: bytes, payload: bytes, now: datetime) -> Any:
+        """One row's parameters as the driver takes them (a tuple for a positional
+        paramstyle, SQLite's, else a dict)."""
+        created: Any = now if self._created_at is None else self._created_at(now)
+        if self._order is not None:
+            return (channel, payload, _hash(channel), created, *self._extra.values())
+        return {
+            "p_channel": channel,
+            "p_payload": payload,
+            "p_channel_hash": _hash(channel),
+            "p_created_at": created,
+            **self._extra,
+        }
 
     def publish(self, rows: Sequence[Row], connection: Connection | None = None) -> list[int]:
         """Insert ``rows`` in one transaction and return their ids, in order.
@@ -80,22 +96,32 @@ class Publisher:
                 else:
                     ids.append(int(result.inserted_primary_key[0]))  # type: ignore[index]
             return ids
+        single = len(rows) == 1
         for attempt in (1, 2):
             conn = self._connections.acquire()
+            # Set before the statement that commits: a failure from then on may have
+            # committed, and is never retried.
             committing = False
             try:
                 cursor = conn.cursor()
-                now = utcnow()
                 try:
-                    params = [
-                        self._driver_params(self._values(channel, payload, now))
-                        for channel, payload in rows
-                    ]
-                    ids = self._dialect.insert_many(cursor, self._sql, params, self._returns_id)
+                    if self._autocommit and single:
+                        channel, payload = rows[0]
+                        params = self._driver_params(channel, payload, utcnow())
+                        committing = True
+                        cursor.execute(self._sql, params)
+                        ids = [int(cursor.fetchone()[0] if self._returns_id else cursor.lastrowid)]
+                    else:
+                        if self._autocommit:
+                            self._dialect.begin(cursor)
+                        now = utcnow()
+                        params = [self._driver_params(ch, pl, now) for ch, pl in rows]
+                        ids = self._dialect.insert_many(cursor, self._sql, params, self._returns_id)
                 finally:
                     cursor.close()
-                committing = True
-                conn.commit()
+                if not (self._autocommit and single):
+                    committing = True
+                    conn.commit()
             except self._dbapi_error as exc:
                 disconnected = self._is_disconnect(exc, conn)
                 self._discard(conn)
@@ -103,8 +129,10 @@ class Publisher:
                     # The idle ones are as old or older: a restart or an idle timeout took
                     # them too, and the retry must not pick one of them.
                     self._connections.discard_idle()
-                # Nothing was committed before COMMIT was sent: a dropped connection (a
-                # database restart, an idle timeout) is retried once on a fresh one.
+                # Nothing was committed before the committing statement was sent: a dropped
+                # connection (a database restart, an idle timeout) is retried once on a
+                # fresh one. An idle connection the server closed is mostly found before
+                # anything is sent (server_spoke), and replaced without a retry.
                 if attempt == 1 and disconnected and not committing:
                     self.retries += 1
                     continue

@@ -110,7 +110,8 @@ class PubSub:
             # As database_errors() does, without a context manager's cost on every broadcast.
             raise_as_dbapi_error(exc, self.dialect, self.table.name)
         followed = self._registry.snapshot().by_channel
-        if connection is None and any(channel in followed for channel, _ in rows):
+        # A broadcasting process that follows nothing (the common web worker) skips the scan.
+        if connection is None and followed and any(channel in followed for channel, _ in rows):
             self._wake_listener()
         if self.settings.auto_trim:
             self._trimmer.maybe_request(len(rows))
