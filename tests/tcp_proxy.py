@@ -1,6 +1,6 @@
 """A real TCP proxy for tests: a thread between a client and a database server that can
-slow down new connections or silently stop forwarding (a proxy or NAT dropping a connection
-without a reset)."""
+slow down new connections, silently stop forwarding (a proxy or NAT dropping a connection
+without a reset), or cut a connection as a statement goes out on it."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class BlackHoleProxy:
         self._clients: set[socket.socket] = set()
         self._holed: list[socket.socket] = []
         self._hole = threading.Event()
+        self._cut = threading.Event()
+        #: Connections cut by :meth:`cut_next_send`, with what their client had sent.
+        self.cut: list[bytes] = []
         self._stop = threading.Event()
         self.connections = 0
         self._thread = threading.Thread(target=self._run, name="test-proxy", daemon=True)
@@ -40,6 +43,12 @@ class BlackHoleProxy:
         self._hole.set()
         wait_for(lambda: not self._hole.is_set())
         return len(self._holed) // 2
+
+    def cut_next_send(self) -> None:
+        """The next bytes any client sends are dropped, and its connection closed in both
+        directions: the server never sees them, the client sees the connection die while it
+        waits for the answer."""
+        self._cut.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -77,6 +86,13 @@ class BlackHoleProxy:
                         s.close()
                     self._listening.discard(sock)
                     self._listening.discard(peer)
+                    continue
+                if sock in self._clients and self._cut.is_set():
+                    for s in (sock, peer):
+                        self._sel.unregister(s)
+                        s.close()
+                    self.cut.append(data)
+                    self._cut.clear()
                     continue
                 if sock in self._clients and b"LISTEN" in data:
                     self._listening.add(sock)

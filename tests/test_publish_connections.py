@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from flask_firm_channel import PubSub, Settings
 
 from .conftest import row_count, wait_for
+from .tcp_proxy import BlackHoleProxy
 
 #: Backends with server connections to kill (SQLite's recycle is tested below).
 on_servers = pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
@@ -167,3 +168,31 @@ def test_pool_recycle_replaces_an_old_connection(
     finally:
         pubsub.close()
         engine.dispose()
+
+
+@on_servers
+def test_a_connection_lost_during_a_single_row_broadcast_raises_and_is_not_retried(
+    backend: str, db_url: str, engine: sa.Engine, table: sa.Table
+) -> None:
+    """A single-row broadcast is the INSERT alone, its own transaction: once it is sent, a
+    lost connection may have committed it, so it is not sent again (it would be stored
+    twice); the caller gets the error. The next broadcast takes a fresh connection."""
+    url = sa.make_url(db_url)
+    proxy = BlackHoleProxy((url.host or "127.0.0.1", url.port or 0))
+    proxied = sa.create_engine(url.set(host="127.0.0.1", port=proxy.port))
+    pubsub = PubSub(proxied, table, Settings(auto_trim=False))
+    try:
+        pubsub.broadcast("publish:cut", b"before")
+        proxy.cut_next_send()
+        with pytest.raises(sa.exc.DBAPIError):
+            pubsub.broadcast("publish:cut", b"cut as it went out")
+        assert len(proxy.cut) == 1 and b"INSERT INTO" in proxy.cut[0]
+        assert pubsub._publisher.retries == 0
+        pubsub.broadcast("publish:cut", b"after")
+        with engine.connect() as conn:
+            payloads = conn.execute(sa.select(table.c.payload).order_by(table.c.id)).scalars()
+            assert [bytes(p) for p in payloads] == [b"before", b"after"]
+    finally:
+        pubsub.close()
+        proxied.dispose()
+        proxy.close()
