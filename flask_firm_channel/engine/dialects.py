@@ -177,13 +177,13 @@ class Dialect:
         """Whether the server sent something on this idle connection unasked: nearly always
         that it is closing it (a restart, ``pg_terminate_backend``, ``KILL``, an idle
         timeout). One ``select`` with no wait, no round trip."""
-        fd = self._socket_of(conn)
-        if fd is None:
-            return False
         try:
+            fd = self._socket_of(conn)
+            if fd is None:
+                return False
             readable, _, _ = _select.select([fd], [], [], 0)
-        except (OSError, ValueError):
-            return True  # the socket is already closed
+        except Exception:  # noqa: BLE001 - a closed socket or connection: ping, and replace
+            return True
         return bool(readable)
 
     def _socket_of(self, conn: Any) -> int | None:
