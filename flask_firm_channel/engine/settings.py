@@ -101,7 +101,7 @@ class Settings:
     #: Under sustained traffic, polls are at least this far apart, so that each reads every
     #: message that came meanwhile (on MySQL/MariaDB: the pace of the busy poll). A message
     #: after a quiet moment is read at once. 0 reads each message on a poll of its own.
-    batch_window: float = 0.004
+    batch_window: float = 0.005
     #: On SQLite: switch the database to WAL and ``synchronous=NORMAL`` (readers never block
     #: the writer; commits stay durable across application crashes).
     sqlite_wal: bool = True

@@ -417,7 +417,7 @@ class NotifyHint(WakeHint):
 class AdaptivePollHint(WakeHint):
     """MySQL/MariaDB have no change signal a client can wait on, so the listener polls the
     table itself (an index range read that returns nothing when idle): every ``batch_window``
-    (4 ms; at least 1 ms) while messages flow and for a moment after the last one, so a
+    (5 ms; at least 1 ms) while messages flow and for a moment after the last one, so a
     message every few milliseconds waits that long at most, then backing off to
     ``polling_interval`` (at most 40 ms) when idle.
 
