@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings, channel_hash
+from flask_firm_channel.engine import listener
 from flask_firm_channel.engine.dialects import notify_channel_name
 from flask_firm_channel.engine.table import utcnow
 
@@ -499,7 +500,10 @@ def test_listen_connection_that_cannot_come_back_falls_back_to_polling(
 
 
 def test_sustained_traffic_is_read_in_batches_and_a_message_after_quiet_at_once(
-    backend: str, make_pubsub: Callable[..., PubSub], publisher: PubSub
+    backend: str,
+    make_pubsub: Callable[..., PubSub],
+    publisher: PubSub,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Once a poll found rows, the next waits for the batch window (0.4 s here, so that the
     difference is plain on any machine): a message every 20 ms is read a batch per poll, each
@@ -507,6 +511,8 @@ def test_sustained_traffic_is_read_in_batches_and_a_message_after_quiet_at_once(
     read as soon as its hint comes; MySQL/MariaDB poll on their own timer, at the window's
     pace while messages flow."""
     window = 0.4
+    # Batching starts above this many messages a second (350 in production).
+    monkeypatch.setattr(listener, "BATCH_ABOVE", 10.0)
     pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER, batch_window=window)
     received: list[tuple[bytes, float]] = []
     pubsub.subscribe("batched", lambda p: received.append((p, time.monotonic())))
@@ -530,7 +536,31 @@ def test_sustained_traffic_is_read_in_batches_and_a_message_after_quiet_at_once(
     took = time.monotonic() - started
     busy_polls = pubsub.health().polls - polls
     assert [p for p, _ in received] == [b"after quiet"] + [p.encode() for p in payloads]
-    assert busy_polls <= took / window + 2, (busy_polls, took)
+    # One poll a message until the first RATE_PERIOD has measured the rate, then one a window.
+    assert busy_polls <= took / window + 2 + listener.RATE_PERIOD / 0.02, (busy_polls, took)
     assert busy_polls < len(payloads) / 4
     settle(pubsub)
     assert len(received) == 1 + len(payloads)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
+def test_moderate_traffic_is_read_a_message_a_poll(
+    backend: str, make_pubsub: Callable[..., PubSub], publisher: PubSub
+) -> None:
+    """Below the batching rate (50 messages a second here), a 0.4 s batch window changes
+    nothing: every message is read by a poll of its own, as soon as its hint comes."""
+    window = 0.4
+    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER, batch_window=window)
+    received: list[tuple[bytes, float]] = []
+    pubsub.subscribe("moderate", lambda p: received.append((p, time.monotonic())))
+    wait_healthy(pubsub)
+    wait_for(lambda: pubsub.health().polls >= 1)
+    sent: list[float] = []
+    for i in range(30):
+        sent.append(time.monotonic())
+        publisher.broadcast("moderate", f"m {i}")
+        time.sleep(0.02)  # paces the traffic: a message every 20 ms, not a wait for a result
+    wait_for(lambda: len(received) == 30, timeout=10)
+    assert [p for p, _ in received] == [f"m {i}".encode() for i in range(30)]
+    waits = sorted(got - at for (_, got), at in zip(received, sent, strict=True))
+    assert waits[len(waits) // 2] < window / 4, waits

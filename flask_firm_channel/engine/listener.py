@@ -59,6 +59,11 @@ MAX_GAP_RANGES = 32
 FOREIGN_READ_LIMIT = 1000
 #: How often an idle listener checks whether the table went backwards (emptied, restored).
 RESET_CHECK_INTERVAL = 1.0
+#: Polls are spaced by the batch window only while this process reads more messages a second
+#: than this (over ``RATE_PERIOD``): below it, one poll per message is cheap enough, and each
+#: message is read as soon as its hint comes.
+BATCH_ABOVE = 350.0
+RATE_PERIOD = 0.1
 
 
 #: A loop that ran this many seconds before something escaped it restarts after the shortest
@@ -253,6 +258,8 @@ class Listener:
         backoff = 0.0
         next_safety_poll = 0.0
         last_poll, rows_last = 0.0, False
+        # The rate of messages read, measured over RATE_PERIOD: batching is on above BATCH_ABOVE.
+        batching, rate_since, rate_rows = False, time.monotonic(), 0
         while not self._stopping:
             try:
                 timeout = max(
@@ -263,11 +270,12 @@ class Listener:
                 )
                 if self._stopping:
                     break
-                if (rung or readable) and rows_last and not self._more:
-                    # Under sustained traffic, wake-ups arriving within the batch window of
-                    # a poll that found rows are served by one poll: the rows wait for it in
-                    # the table, so nothing is lost, and each poll carries several. A wake-up
-                    # after a poll that found nothing is served at once.
+                if (rung or readable) and rows_last and batching and not self._more:
+                    # Under sustained traffic (more than BATCH_ABOVE messages a second),
+                    # wake-ups arriving within the batch window of a poll that found rows are
+                    # served by one poll: the rows wait for it in the table, so nothing is
+                    # lost, and each poll carries several. A wake-up after a poll that found
+                    # nothing is served at once.
                     spacing = last_poll + self._settings.batch_window - time.monotonic()
                     if spacing > 0:
                         time.sleep(spacing)
@@ -287,6 +295,10 @@ class Listener:
                     rows = self.poll()
                     last_poll, rows_last = time.monotonic(), rows > 0
                     self._hint.activity(rows)
+                    rate_rows += rows
+                    if last_poll - rate_since >= RATE_PERIOD:
+                        batching = rate_rows >= BATCH_ABOVE * (last_poll - rate_since)
+                        rate_since, rate_rows = last_poll, 0
                 if rows >= 0:
                     pace = (
                         self._settings.safety_interval

@@ -98,9 +98,10 @@ class Settings:
     wake_hints: bool = True
     #: While a wake hint is healthy, the table is still polled this often as a safety net.
     safety_interval: float = 5.0
-    #: Under sustained traffic, polls are at least this far apart, so that each reads every
-    #: message that came meanwhile (on MySQL/MariaDB: the pace of the busy poll). A message
-    #: after a quiet moment is read at once. 0 reads each message on a poll of its own.
+    #: Under sustained traffic (over 350 messages a second), polls are at least this far
+    #: apart, so that each reads every message that came meanwhile (on MySQL/MariaDB: the
+    #: pace of the busy poll, at any rate). A message after a quiet moment is read at once.
+    #: 0 reads each message on a poll of its own.
     batch_window: float = 0.005
     #: On SQLite: switch the database to WAL and ``synchronous=NORMAL`` (readers never block
     #: the writer; commits stay durable across application crashes).
