@@ -22,6 +22,7 @@ from collections import OrderedDict
 from typing import Any
 
 from .compiled import Compiled
+from .connections import close_quietly
 
 _NAMED = re.compile(r"%\((\w+)\)s")
 #: Statements kept prepared per connection; the oldest is deallocated beyond this.
@@ -37,10 +38,7 @@ class CursorRunner:
         return list(self._cursor.fetchall())
 
     def close(self) -> None:
-        try:
-            self._cursor.close()
-        except Exception:  # noqa: BLE001 - a cursor of a broken connection may fail to close
-            pass
+        close_quietly(self._cursor)
 
 
 class LibpqRunner:

@@ -401,8 +401,8 @@ class Listener:
         """Give channels followed since the last poll their floor, forget the ones no longer
         followed, and move the high-water mark over ids no subscription can want."""
         assert self._high_water is not None
-        key = (snap.version, self._anchor_epoch)
-        if key == self._followed_key and not self._floors:
+        follow_key = (snap.version, self._anchor_epoch)
+        if follow_key == self._followed_key and not self._floors:
             # The same subscriptions with the same anchors as last time, every floor passed:
             # nothing here can change (the high-water mark only grows).
             return
@@ -429,7 +429,7 @@ class Listener:
         if self._followed != snap.hash_set:
             self._followed_sorted = tuple(sorted(snap.hash_set))
         self._followed = snap.hash_set
-        self._followed_key = key
+        self._followed_key = follow_key
         lowest = min(self._floors.get(h, -1) for h in snap.hash_set)
         if lowest > self._high_water:
             # Nothing between here and ``lowest`` concerns any subscription. It was not read,

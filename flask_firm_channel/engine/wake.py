@@ -267,7 +267,7 @@ class NotifyHint(WakeHint):
 
     Notifications are read with libpq's own calls (``consume_input`` and ``notifies`` of
     psycopg's ``pgconn``): they never block, so the listener thread is never held here.
-"""
+    """
 
     mode = "notify"
     #: Seconds of silence after which the LISTEN connection is checked, and how long it has
@@ -285,6 +285,7 @@ class NotifyHint(WakeHint):
         self.healthy = False
         self.liveness = Liveness(self.PING_AFTER, self.PING_TIMEOUT)
         self._ping_sql = b""
+        self._psycopg: Any = None
         self._connected_before = False
         self._retry_at = 0.0
         self._backoff = self.RETRY_FIRST
@@ -335,12 +336,12 @@ class NotifyHint(WakeHint):
         self._close_conn()
 
     def _read(self) -> bool:
-        from psycopg import OperationalError, pq
-
+        psycopg = self._psycopg
         pgconn = self._conn.pgconn
         pgconn.consume_input()
-        if pgconn.status != pq.ConnStatus.OK:
-            raise OperationalError(pgconn.get_error_message() or "the LISTEN connection closed")
+        if pgconn.status != psycopg.pq.ConnStatus.OK:
+            message = pgconn.get_error_message() or "the LISTEN connection closed"
+            raise psycopg.OperationalError(message)
         wanted = False
         while (note := pgconn.notifies()) is not None:
             self.liveness.heard()
@@ -355,14 +356,18 @@ class NotifyHint(WakeHint):
                 if result is None:
                     self.liveness.answered()
                     break
-                if result.status != pq.ExecStatus.TUPLES_OK:
+                if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
                     message = result.error_message.decode("utf-8", "replace")
-                    raise OperationalError(f"self-NOTIFY failed: {message}")
+                    raise psycopg.OperationalError(f"self-NOTIFY failed: {message}")
         return wanted
 
     def _connect(self) -> None:
         try:
-            from psycopg import sql  # only on PostgreSQL with psycopg 3
+            import psycopg  # only on PostgreSQL with psycopg 3
+            from psycopg import sql
+
+            # Kept for _read, which runs on every notification.
+            self._psycopg = psycopg
 
             conn = dedicated_connection(self.engine)
             if conn is None or not hasattr(conn, "pgconn"):
@@ -445,7 +450,8 @@ class AdaptivePollHint(WakeHint):
     def detail(self) -> str:
         idle = self._slowest() * 1000
         busy = self._fast * 1000
-        return f"table polled every {self._interval * 1000:g} ms ({busy:g} ms busy, {idle:g} ms idle)"
+        now = self._interval * 1000
+        return f"table polled every {now:g} ms ({busy:g} ms busy, {idle:g} ms idle)"
 
     def next_timeout(self) -> float:
         return self._interval
