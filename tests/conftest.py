@@ -231,7 +231,8 @@ def admin_app(
 
 def trace_statements(engine: sa.Engine, record: Callable[[str], None]) -> Callable[[], None]:
     """Call ``record(sql)`` for every statement any new DB-API connection of ``engine`` sends,
-    seen at the driver (SQLite's trace callback, the psycopg cursor, PyMySQL's ``query``),
+    seen at the driver (SQLite's trace callback, the psycopg cursor, PyMySQL's
+    ``_execute_command``, which sends every statement),
     below everything flask-firm-channel does. Returns a function that stops tracing new
     connections."""
 
@@ -245,14 +246,17 @@ def trace_statements(engine: sa.Engine, record: Callable[[str], None]) -> Callab
                 return _TracedCursor(make_cursor(*args, **kwargs), record)
 
             dbapi_conn.cursor = cursor
-        elif hasattr(dbapi_conn, "query"):  # PyMySQL
-            query = dbapi_conn.query
+        elif hasattr(dbapi_conn, "_execute_command"):  # PyMySQL: every statement goes here
+            from pymysql.constants import COMMAND
 
-            def traced(sql: Any, *a: Any, **k: Any) -> Any:
-                record(sql.decode() if isinstance(sql, bytes) else str(sql))
-                return query(sql, *a, **k)
+            execute_command = dbapi_conn._execute_command
 
-            dbapi_conn.query = traced
+            def traced(command: int, sql: Any, *a: Any, **k: Any) -> Any:
+                if command == COMMAND.COM_QUERY:
+                    record(sql.decode() if isinstance(sql, bytes) else str(sql))
+                return execute_command(command, sql, *a, **k)
+
+            dbapi_conn._execute_command = traced
 
     sa.event.listen(engine, "connect", on_connect)
     return lambda: sa.event.remove(engine, "connect", on_connect)

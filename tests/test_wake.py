@@ -15,6 +15,7 @@ from flask_firm_channel import PubSub, Settings, channel_hash
 from flask_firm_channel.engine import listener
 from flask_firm_channel.engine.dialects import notify_channel_name
 from flask_firm_channel.engine.table import utcnow
+from flask_firm_channel.engine.wake import AdaptivePollHint
 
 from .conftest import trace_statements, wait_for
 
@@ -330,23 +331,24 @@ def test_idle_listener_does_not_query_the_table(
 
     window = 1.5
     if backend == "mysql":
-        # The adaptive poll backs off to its idle pace a moment after the last message.
-        wait_for(lambda: "polled every 40 ms" in pubsub.health().wake_detail, timeout=10)
+        # Idle, the MariaDB hint stops polling and sends one statement a second that waits
+        # inside the server for the table's newest id to move.
+        wait_for(lambda: "waiting in the server" in pubsub.health().wake_detail, timeout=10)
+        start = time.monotonic()
+        time.sleep(window)  # a measuring window, not a wait for a condition
+        waits = [t for t in table_statements if t >= start]
+        print(f"\n{backend}: {len(waits)} table statements in {window}s idle")
+        # One statement per WAIT_FOR (1 s); without the server wait there were 25 a second.
+        assert 1 <= len(waits) <= window / AdaptivePollHint.WAIT_FOR + 1
+    else:
+        # Quiet means: no table statement for a while (the poll that followed the wake is
+        # done).
+        wait_for(lambda: time.monotonic() - table_statements[-1] > 0.3, timeout=5)
         start = time.monotonic()
         time.sleep(window)  # a measuring window, not a wait for a condition
         count = sum(1 for t in table_statements if t >= start)
-        print(f"\n{backend}: {count} table queries in {window}s idle ({count / window:.1f}/s)")
-        # 25 polls a second at the 40 ms idle pace, plus the once-a-second reset check.
-        assert 0 < count <= 26 * window + 1
-        return
-
-    # Quiet means: no table statement for a while (the poll that followed the wake is done).
-    wait_for(lambda: time.monotonic() - table_statements[-1] > 0.3, timeout=5)
-    start = time.monotonic()
-    time.sleep(window)  # a measuring window, not a wait for a condition
-    count = sum(1 for t in table_statements if t >= start)
-    print(f"\n{backend}: {count} table queries in {window}s idle")
-    assert count == 0
+        print(f"\n{backend}: {count} table queries in {window}s idle")
+        assert count == 0
     assert pubsub.listening and pubsub.health().wake_healthy
     # Still awake: the next message comes in by the hint.
     publisher.broadcast("idle", "after idling")

@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
-from .drivers import CursorRunner, LibpqRunner
+from .drivers import CursorRunner, LibpqRunner, ServerWait
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -163,6 +163,14 @@ class Dialect:
         """What runs the listener's statements on ``conn`` (see ``drivers.py``)."""
         return CursorRunner(conn)
 
+    def server_wait(
+        self, conn: Any, table: Table, step: float, seconds: float
+    ) -> ServerWait | None:
+        """A statement on ``conn`` that waits in the server until the table's newest id is no
+        longer a given one, checking every ``step`` seconds for up to ``seconds``; None where
+        the server or the driver cannot (see ``wake.py``, :class:`AdaptivePollHint`)."""
+        return None
+
     def prepare_publisher(self, conn: Any) -> None:
         """Make a new publish connection ready: autocommit where :attr:`publish_autocommit`."""
         if self.publish_autocommit:
@@ -188,6 +196,9 @@ class Dialect:
 
     def _socket_of(self, conn: Any) -> int | None:
         return None
+
+    def _qualified(self, table: Table) -> str:
+        return str(self.engine.dialect.identifier_preparer.format_table(table))
 
     def datetime_binder(self, type_: Any) -> Callable[[Any], Any] | None:
         """How a ``created_at`` value is handed to the driver: the column type's own
@@ -348,9 +359,6 @@ class PostgreSQLDialect(Dialect):
             conn.execute(select(func.pg_advisory_xact_lock(_lock_key(table_name))))
             yield conn
 
-    def _qualified(self, table: Table) -> str:
-        return str(self.engine.dialect.identifier_preparer.format_table(table))
-
     def estimated_rows(self, conn: Connection, table: Table) -> int | None:
         value = conn.execute(
             text("SELECT reltuples FROM pg_class WHERE oid = to_regclass(:name)"),
@@ -429,6 +437,38 @@ class MySQLDialect(Dialect):
     def prepare_publisher(self, conn: Any) -> None:
         if self.publish_autocommit:
             self.prepare_reader(conn)
+
+    def server_wait(
+        self, conn: Any, table: Table, step: float, seconds: float
+    ) -> ServerWait | None:
+        # MariaDB runs a compound statement sent on its own (BEGIN NOT ATOMIC, 10.1+); MySQL
+        # only inside a stored procedure, which would need privileges to create.
+        if not getattr(self.engine.dialect, "is_mariadb", False) or not ServerWait.usable(conn):
+            return None
+        cursor = conn.cursor()
+        try:
+            # No statement time limit for this session: the wait is bounded by itself.
+            cursor.execute("SET SESSION max_statement_time = 0")
+        finally:
+            cursor.close()
+        name = self._qualified(table)
+        checks = max(1, round(seconds / step)) + 1
+
+        def sql_for(baseline: int) -> str:
+            # SELECT ... INTO is a consistent read, each a statement of its own (autocommit)
+            # that sees every commit made before it, and MAX(id) is one step down the primary
+            # key. (A subquery in the loop's condition would be a locking read, waiting
+            # behind any open transaction that inserted a row.)
+            b = int(baseline)
+            return (
+                f"BEGIN NOT ATOMIC DECLARE n INT DEFAULT 0; DECLARE m BIGINT DEFAULT {b}; "
+                f"WHILE m = {b} AND n < {checks} DO "
+                f"IF n > 0 THEN DO SLEEP({step:.3f}); END IF; "
+                f"SELECT COALESCE(MAX(id), 0) INTO m FROM {name}; SET n = n + 1; "
+                "END WHILE; SELECT m; END"
+            )
+
+        return ServerWait(conn, sql_for)
 
     def missing_table(self, orig: BaseException) -> bool:
         args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))

@@ -4,6 +4,8 @@ The listener runs one statement per poll, hundreds of times a second, and each p
 sleep: whatever code it runs, it runs with cold caches. So the path is kept short.
 
 - :class:`CursorRunner` (SQLite, MySQL/MariaDB): one cursor, reused for every statement.
+- :class:`ServerWait` (MariaDB with PyMySQL): not a poll but the idle listener's wake-up, a
+  statement that waits inside the server and is answered when the table changes.
 - :class:`LibpqRunner` (PostgreSQL with psycopg 3): each statement prepared once on the
   connection and run with libpq's own calls, its rows loaded in binary by psycopg's own
   loaders. psycopg's cursor does the same work through several layers of Python per
@@ -18,7 +20,9 @@ from __future__ import annotations
 
 import re
 import select
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from .compiled import Compiled
@@ -125,3 +129,53 @@ class LibpqRunner:
 
     def close(self) -> None:
         self._statements.clear()
+
+
+class ServerWait:
+    """A statement that waits inside the server, sent on a connection of its own and answered
+    later: meanwhile the listener sleeps on the connection's socket (:meth:`fileno`), so an idle
+    MariaDB listener wakes when the server answers instead of on a timer of its own.
+
+    PyMySQL only: a statement is sent with its ``_execute_command`` and its answer read with
+    ``_read_query_result`` when the socket turns readable (PyMySQL's ``query`` is the two in a
+    row). ``sql_for(baseline)`` makes the statement; its first result's first value is the
+    answer (an id)."""
+
+    def __init__(self, conn: Any, sql_for: Callable[[int], str]) -> None:
+        from pymysql.constants import COMMAND
+
+        self._conn = conn
+        self._query = COMMAND.COM_QUERY
+        self._sql_for = sql_for
+        self._fd = int(conn._sock.fileno())
+        self.sent_at: float | None = None
+
+    @classmethod
+    def usable(cls, conn: Any) -> bool:
+        """Whether ``conn`` is a PyMySQL connection with the calls this needs."""
+        return all(
+            hasattr(conn, name) for name in ("_execute_command", "_read_query_result", "_sock")
+        ) and type(conn).__module__.startswith("pymysql")
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def send(self, baseline: int) -> None:
+        self._conn._execute_command(self._query, self._sql_for(baseline))
+        self.sent_at = time.monotonic()
+
+    def answer(self) -> int:
+        """Read the answer (the socket is readable): the statement's first value."""
+        conn = self._conn
+        self.sent_at = None
+        conn._read_query_result()
+        rows = conn._result.rows if conn._result is not None else None
+        # A compound statement ends with an OK packet of its own after its result set.
+        while conn._result is not None and conn._result.has_next:
+            conn.next_result()
+        if not rows:
+            raise RuntimeError("the waiting statement returned no row")
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        close_quietly(self._conn)
