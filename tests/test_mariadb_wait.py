@@ -1,0 +1,168 @@
+"""MariaDB's idle wait: an idle listener's hint sends one statement that waits inside the
+server for the table's newest id to move, instead of polling from the client.
+
+What the server does is read from the server itself (``information_schema.PROCESSLIST``);
+every test here runs with the safety poll out of reach, so a delivery can only come from the
+wait or from the hint's timer polls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from flask_firm_channel import PubSub, Settings
+from flask_firm_channel.engine import drivers
+
+from .conftest import wait_for
+
+NEVER = 60.0
+pytestmark = pytest.mark.parametrize("backend", ["mysql"], indirect=True)
+
+
+@pytest.fixture
+def publisher(db_url: str, table: sa.Table) -> Iterator[PubSub]:
+    """A broadcaster on its own engine and no listener: like another process."""
+    engine = sa.create_engine(db_url)
+    pubsub = PubSub(engine, table, Settings(auto_trim=False))
+    yield pubsub
+    pubsub.close()
+    engine.dispose()
+
+
+def waiting_statements(engine: sa.Engine, table: sa.Table) -> list[tuple[int, float, str]]:
+    """``(connection id, ms since its statement began, state)`` of every connection running
+    the hint's wait, from the server's process list. Inside the compound statement the list
+    shows the step running now: the ``SLEEP`` between reads or the read of ``table``."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT id, time_ms, COALESCE(state, '') FROM information_schema.processlist "
+                "WHERE command = 'Query' AND id <> CONNECTION_ID() "
+                "AND (info LIKE 'DO SLEEP(%' OR info LIKE :read)"
+            ),
+            {"read": f"SELECT COALESCE(MAX(id), 0) INTO m FROM `{table.name}`%"},
+        ).all()
+    return [(int(i), float(ms), str(s)) for i, ms, s in rows]
+
+
+def idle_and_waiting(pubsub: PubSub, engine: sa.Engine, table: sa.Table) -> int:
+    """Wait until the listener is idle and its hint's statement is waiting in the server;
+    return that statement's connection id."""
+    wait_for(lambda: "waiting in the server" in pubsub.health().wake_detail, timeout=10)
+    found = wait_for(lambda: waiting_statements(engine, table), timeout=5)
+    assert len(found) == 1, found
+    return found[0][0]
+
+
+def test_an_idle_listener_waits_in_the_server_and_wakes_on_another_process_commit(
+    engine: sa.Engine, table: sa.Table, make_pubsub: Callable[..., PubSub], publisher: PubSub
+) -> None:
+    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
+    received: list[bytes] = []
+    pubsub.subscribe("w", received.append)
+    idle_and_waiting(pubsub, engine, table)
+    polls = pubsub.health().polls
+    time.sleep(1.5)  # a measuring window, not a wait for a condition
+    # Not one poll: the wait answers once a second, and only a moved MAX(id) makes a poll.
+    assert pubsub.health().polls == polls
+    for i in range(3):
+        sent = time.monotonic()
+        publisher.broadcast("w", f"m{i}")
+        wait_for(lambda i=i: received[-1:] == [f"m{i}".encode()], timeout=5)
+        # Within the wait's own pace (it reads MAX(id) every 20 ms), not the 5 s safety poll.
+        assert time.monotonic() - sent < 1.0
+        idle_and_waiting(pubsub, engine, table)
+    assert received == [b"m0", b"m1", b"m2"]
+
+
+def test_an_open_transaction_does_not_hold_the_wait_up(
+    engine: sa.Engine, table: sa.Table, make_pubsub: Callable[..., PubSub], publisher: PubSub
+) -> None:
+    """The wait's reads are consistent reads: a transaction that inserted a row and stays open
+    neither blocks it nor is seen by it."""
+    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
+    received: list[bytes] = []
+    pubsub.subscribe("w", received.append)
+    idle_and_waiting(pubsub, engine, table)
+    with engine.connect() as conn:
+        tx = conn.begin()
+        publisher.broadcast("w", "uncommitted", connection=conn)
+        # The wait goes on while the row's lock is held: its statement ends after a second
+        # and the next one starts (the time in the statement goes back to zero), twice.
+        for _ in range(2):
+            wait_for(
+                lambda: (
+                    max((ms for _, ms, _ in waiting_statements(engine, table)), default=0) > 700
+                ),
+                timeout=3,
+            )
+            wait_for(
+                lambda: (
+                    0
+                    < min((ms for _, ms, _ in waiting_statements(engine, table)), default=1e9)
+                    < 300
+                ),
+                timeout=3,
+            )
+        assert all("lock" not in state.lower() for *_, state in waiting_statements(engine, table))
+        publisher.broadcast("w", "committed")
+        wait_for(lambda: received == [b"committed"], timeout=2)
+        tx.commit()
+    # The late commit fills a gap below the newest id, which MAX(id) cannot show: the hint
+    # polls on its timer while the gap is open.
+    wait_for(lambda: received == [b"committed", b"uncommitted"], timeout=2)
+    assert pubsub.health().open_gaps == 0
+
+
+def test_a_killed_wait_falls_back_to_polling_and_comes_back(
+    engine: sa.Engine, table: sa.Table, make_pubsub: Callable[..., PubSub], publisher: PubSub
+) -> None:
+    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
+    received: list[bytes] = []
+    pubsub.subscribe("w", received.append)
+    victim = idle_and_waiting(pubsub, engine, table)
+    errors = pubsub.health().wake_errors
+    with engine.connect() as conn:
+        conn.exec_driver_sql(f"KILL {victim}")
+    wait_for(lambda: pubsub.health().wake_errors > errors, timeout=5)
+    assert "polled every" in pubsub.health().wake_detail
+    publisher.broadcast("w", "while polling")
+    wait_for(lambda: received == [b"while polling"], timeout=2)
+    # Tried again after a second, on a new connection.
+    again = idle_and_waiting(pubsub, engine, table)
+    assert again != victim
+    publisher.broadcast("w", "waiting again")
+    wait_for(lambda: received == [b"while polling", b"waiting again"], timeout=2)
+
+
+def test_a_server_that_refuses_the_wait_is_polled_on_the_timer(
+    engine: sa.Engine,
+    table: sa.Table,
+    make_pubsub: Callable[..., PubSub],
+    publisher: PubSub,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As MySQL would (it has no compound statements outside stored programs): the server
+    rejects the statement, and the hint polls on its timer from then on."""
+    real = drivers.ServerWait.__init__
+
+    def refused(self: drivers.ServerWait, conn: object, sql_for: Callable[[int], str]) -> None:
+        real(self, conn, lambda baseline: "BEGIN NOT ATOMIC NOT VALID SQL; END")
+
+    monkeypatch.setattr(drivers.ServerWait, "__init__", refused)
+    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
+    received: list[bytes] = []
+    pubsub.subscribe("w", received.append)
+    wait_for(lambda: pubsub.health().wake_errors >= 1, timeout=10)
+    wait_for(lambda: "40 ms" in pubsub.health().wake_detail, timeout=5)
+    assert waiting_statements(engine, table) == []
+    assert pubsub.health().wake_healthy
+    publisher.broadcast("w", "polled")
+    wait_for(lambda: received == [b"polled"], timeout=2)
+    errors = pubsub.health().wake_errors
+    time.sleep(1.5)  # a measuring window: no retry of a statement the server refused
+    assert pubsub.health().wake_errors == errors
