@@ -88,11 +88,12 @@ class BlackHoleProxy:
                     self._listening.discard(peer)
                     continue
                 if sock in self._clients and self._cut.is_set():
+                    # Recorded before the close, which the client may see at once.
+                    self.cut.append(data)
+                    self._cut.clear()
                     for s in (sock, peer):
                         self._sel.unregister(s)
                         s.close()
-                    self.cut.append(data)
-                    self._cut.clear()
                     continue
                 if sock in self._clients and b"LISTEN" in data:
                     self._listening.add(sock)

@@ -219,9 +219,10 @@ class PyMySQLRunner:
         """A PyMySQL connection on a plain socket (not TLS, whose records this cannot read)."""
         import socket
 
-        return type(conn).__module__.startswith("pymysql") and type(
-            getattr(conn, "_sock", None)
-        ) is socket.socket
+        return (
+            type(conn).__module__.startswith("pymysql")
+            and type(getattr(conn, "_sock", None)) is socket.socket
+        )
 
     def run(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
         params = compiled.params(values)

@@ -294,9 +294,7 @@ class Listener:
                 if due:
                     rows = self.poll()
                     last_poll, rows_last = time.monotonic(), rows > 0
-                    self._hint.activity(
-                        rows, gaps=len(self._gaps), following=bool(self._followed)
-                    )
+                    self._hint.activity(rows, gaps=len(self._gaps), following=bool(self._followed))
                     rate_rows += rows
                     if last_poll - rate_since >= RATE_PERIOD:
                         batching = rate_rows >= BATCH_ABOVE * (last_poll - rate_since)
