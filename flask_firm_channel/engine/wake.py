@@ -503,7 +503,8 @@ class AdaptivePollHint(WakeHint):
         return self._interval
 
     def readable(self) -> bool:
-        assert self._wait is not None
+        if self._wait is None:
+            return True
         try:
             newest = self._wait.answer()
         except Exception as exc:
