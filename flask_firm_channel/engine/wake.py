@@ -434,10 +434,11 @@ class AdaptivePollHint(WakeHint):
     statement on a connection of its own that waits inside the server, reading ``MAX(id)``
     every ``IDLE_STEP`` (20 ms) for up to ``WAIT_FOR`` (1 s) and answering as soon as it moved
     (``Dialect.server_wait``). The listener sleeps on that connection's socket, so an idle
-    process wakes about once a second instead of 25 times, each wake-up one it would have had
-    anyway (a poll costs the client about half a millisecond of CPU, mostly the wake-up), and
-    the first message after a quiet spell waits about 10 ms instead of 20. The server does
-    the same reads it did, without parsing a statement or answering for each.
+    process wakes about once a second instead of 25 times (a client poll costs it about half
+    a millisecond of CPU, mostly the wake-up), and the first message after a quiet spell
+    waits about 10 ms instead of 20. Measured on the benchmark machine: the idle subscriber
+    went from 1.44 to 0.06 % of a core, the server from 1.07 to 1.40 % (its 50 reads a second
+    against the 25 polls they replace).
 
     A commit that fills an open gap (an id the listener passed while its transaction was
     still open) does not move ``MAX(id)``: while gaps are open the listener polls on the
@@ -510,6 +511,7 @@ class AdaptivePollHint(WakeHint):
         except Exception as exc:
             self._wait_failed(exc)
             return True
+        self._backoff = self.RETRY_FIRST
         moved, self._newest = newest != self._newest, newest
         if moved:
             self.wakes += 1
