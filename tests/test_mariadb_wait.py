@@ -33,6 +33,15 @@ def publisher(db_url: str, table: sa.Table) -> Iterator[PubSub]:
     engine.dispose()
 
 
+@pytest.fixture
+def listening(make_pubsub: Callable[..., PubSub]) -> tuple[PubSub, list[bytes]]:
+    """A listener subscribed to ``w``, its safety poll out of reach, and what it received."""
+    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
+    received: list[bytes] = []
+    pubsub.subscribe("w", received.append)
+    return pubsub, received
+
+
 def waiting_statements(engine: sa.Engine, table: sa.Table) -> list[tuple[int, float, str]]:
     """``(connection id, ms since its statement began, state)`` of every connection running
     the hint's wait, from the server's process list. Inside the compound statement the list
@@ -59,11 +68,12 @@ def idle_and_waiting(pubsub: PubSub, engine: sa.Engine, table: sa.Table) -> int:
 
 
 def test_an_idle_listener_waits_in_the_server_and_wakes_on_another_process_commit(
-    engine: sa.Engine, table: sa.Table, make_pubsub: Callable[..., PubSub], publisher: PubSub
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: tuple[PubSub, list[bytes]],
+    publisher: PubSub,
 ) -> None:
-    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
-    received: list[bytes] = []
-    pubsub.subscribe("w", received.append)
+    pubsub, received = listening
     idle_and_waiting(pubsub, engine, table)
     polls = pubsub.health().polls
     time.sleep(1.5)  # a measuring window, not a wait for a condition
@@ -80,13 +90,14 @@ def test_an_idle_listener_waits_in_the_server_and_wakes_on_another_process_commi
 
 
 def test_an_open_transaction_does_not_hold_the_wait_up(
-    engine: sa.Engine, table: sa.Table, make_pubsub: Callable[..., PubSub], publisher: PubSub
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: tuple[PubSub, list[bytes]],
+    publisher: PubSub,
 ) -> None:
     """The wait's reads are consistent reads: a transaction that inserted a row and stays open
     neither blocks it nor is seen by it."""
-    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
-    received: list[bytes] = []
-    pubsub.subscribe("w", received.append)
+    pubsub, received = listening
     idle_and_waiting(pubsub, engine, table)
     with engine.connect() as conn:
         tx = conn.begin()
@@ -119,11 +130,12 @@ def test_an_open_transaction_does_not_hold_the_wait_up(
 
 
 def test_a_killed_wait_falls_back_to_polling_and_comes_back(
-    engine: sa.Engine, table: sa.Table, make_pubsub: Callable[..., PubSub], publisher: PubSub
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: tuple[PubSub, list[bytes]],
+    publisher: PubSub,
 ) -> None:
-    pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
-    received: list[bytes] = []
-    pubsub.subscribe("w", received.append)
+    pubsub, received = listening
     victim = idle_and_waiting(pubsub, engine, table)
     errors = pubsub.health().wake_errors
     with engine.connect() as conn:

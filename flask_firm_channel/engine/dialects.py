@@ -33,7 +33,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
-from .drivers import CursorRunner, LibpqRunner, PyMySQLRunner, ServerWait
+from .drivers import CursorRunner, LibpqRunner, PyMySQLRunner, Runner, ServerWait
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -159,7 +159,7 @@ class Dialect:
         conn.rollback()
         conn.autocommit = True
 
-    def reader(self, conn: Any) -> CursorRunner | LibpqRunner | PyMySQLRunner:
+    def reader(self, conn: Any) -> Runner:
         """What runs the listener's statements on ``conn`` (see ``drivers.py``)."""
         return CursorRunner(conn)
 
@@ -389,7 +389,7 @@ class PostgreSQLDialect(Dialect):
         finally:
             cursor.close()
 
-    def reader(self, conn: Any) -> CursorRunner | LibpqRunner | PyMySQLRunner:
+    def reader(self, conn: Any) -> Runner:
         # psycopg 3 gives libpq's own calls; any other driver goes through its cursor.
         return LibpqRunner(conn) if hasattr(conn, "pgconn") else CursorRunner(conn)
 
@@ -438,7 +438,7 @@ class MySQLDialect(Dialect):
         if self.publish_autocommit:
             self.prepare_reader(conn)
 
-    def reader(self, conn: Any) -> CursorRunner | LibpqRunner | PyMySQLRunner:
+    def reader(self, conn: Any) -> Runner:
         return PyMySQLRunner(conn) if PyMySQLRunner.usable(conn) else CursorRunner(conn)
 
     def server_wait(

@@ -210,7 +210,9 @@ class PyMySQLRunner:
         self._through = converters.through
         self._text_types = TEXT_TYPES
         self._json = FIELD_TYPE.JSON
+        #: Bytes received and not yet parsed: ``_buf[_pos:]``.
         self._buf = b""
+        self._pos = 0
         #: compiled SQL -> the (encoding, converter) of each column of its result.
         self._columns: dict[str, list[tuple[str | None, Any]]] = {}
 
@@ -242,22 +244,26 @@ class PyMySQLRunner:
         """The next packet's payload (joined, where it continues in the next packets)."""
         payload = b""
         while True:
-            while len(self._buf) < 4:
-                self._fill()
-            length = int.from_bytes(self._buf[:3], "little")
-            while len(self._buf) < 4 + length:
-                self._fill()
-            payload += self._buf[4 : 4 + length]
-            self._buf = self._buf[4 + length :]
+            self._need(4)
+            length = int.from_bytes(self._buf[self._pos : self._pos + 3], "little")
+            self._need(4 + length)
+            start = self._pos + 4
+            payload += self._buf[start : start + length]
+            self._pos = start + length
             if length < self._MAX_PACKET:
                 return payload
 
-    def _fill(self) -> None:
-        chunk = self._sock.recv(65536)
-        if not chunk:
-            self._buf = b""
-            raise self._err.OperationalError(2013, "Lost connection to MySQL server during query")
-        self._buf += chunk
+    def _need(self, size: int) -> None:
+        """Receive until ``size`` unparsed bytes are at hand."""
+        while len(self._buf) - self._pos < size:
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                self._buf, self._pos = b"", 0
+                raise self._err.OperationalError(
+                    2013, "Lost connection to MySQL server during query"
+                )
+            self._buf = self._buf[self._pos :] + chunk
+            self._pos = 0
 
     def _result(self, key: str) -> list[Any]:
         first = self._packet()
@@ -335,3 +341,7 @@ def _lenenc(data: bytes, pos: int) -> tuple[int, int]:
     if head == 0xFD:
         return int.from_bytes(data[pos + 1 : pos + 4], "little"), pos + 4
     return int.from_bytes(data[pos + 1 : pos + 9], "little"), pos + 9
+
+
+#: What :meth:`Dialect.reader` returns: one of the runners above.
+Runner = CursorRunner | LibpqRunner | PyMySQLRunner

@@ -30,7 +30,7 @@ from sqlalchemy.sql import Select
 from .compiled import Compiled, result_processors
 from .connections import close_quietly, dedicated_connection
 from .dialects import Dialect
-from .drivers import CursorRunner, LibpqRunner, PyMySQLRunner
+from .drivers import Runner
 
 #: Rows one open-ended range returns per poll; a listener that fell behind catches up in
 #: batches of this size instead of one unbounded read.
@@ -63,7 +63,7 @@ class Reads:
         self._dialect = dialect
         self._table = table
         self._conn: Any = None
-        self._runner: CursorRunner | LibpqRunner | PyMySQLRunner | None = None
+        self._runner: Runner | None = None
         self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
         t = table
         self._convert = result_processors(
@@ -82,7 +82,7 @@ class Reads:
 
     # -- the connection -------------------------------------------------------------------
 
-    def _connect(self) -> CursorRunner | LibpqRunner | PyMySQLRunner:
+    def _connect(self) -> Runner:
         conn = dedicated_connection(self._engine)
         try:
             self._dialect.prepare_reader(conn)

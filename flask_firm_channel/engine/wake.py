@@ -497,9 +497,14 @@ class AdaptivePollHint(WakeHint):
     def fileno(self) -> int | None:
         return self._wait.fileno() if self._waiting() and self._wait is not None else None
 
+    def _given_up_at(self, wait: ServerWait) -> float:
+        """When a wait sent at ``wait.sent_at`` and still unanswered counts as lost."""
+        assert wait.sent_at is not None
+        return wait.sent_at + self.WAIT_FOR + self.WAIT_GRACE
+
     def next_timeout(self) -> float:
         if self._wait is not None and self._wait.sent_at is not None:
-            due = self._wait.sent_at + self.WAIT_FOR + self.WAIT_GRACE - time.monotonic()
+            due = self._given_up_at(self._wait) - time.monotonic()
             return max(0.0, due) if self._idle else max(0.0, min(self._interval, due))
         return self._interval
 
@@ -524,7 +529,7 @@ class AdaptivePollHint(WakeHint):
         wait = self._wait
         if wait is None or wait.sent_at is None:
             return True  # polling on the timer
-        if time.monotonic() > wait.sent_at + self.WAIT_FOR + self.WAIT_GRACE:
+        if time.monotonic() > self._given_up_at(wait):
             self._wait_failed(TimeoutError("the server wait was not answered"))
             return True
         # Busy again: the timer's polls go on while the last wait is still to be answered.
