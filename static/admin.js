@@ -27,6 +27,8 @@
 (function () {
   "use strict";
   var MAX_ITEMS = 200;
+  // The event a stream sends first when rows right after its cursor were trimmed (sse.py).
+  var TRIMMED_EVENT = "firm-channel-history-trimmed";
 
   function setup() {
     var tail = document.getElementById("tail");
@@ -57,9 +59,30 @@
         say("Connection lost · reconnecting…");
       }
     });
+    // Where the gap is: above the messages received before it, below those that follow.
+    function noteTrimmed(data) {
+      var oldest = null;
+      try {
+        oldest = JSON.parse(data).oldest_id;
+      } catch (e) {
+        oldest = null;
+      }
+      var note = document.createElement("li");
+      note.className = "tail-note warning";
+      note.textContent = "Messages broadcast while this tail was paused or disconnected were " +
+        "trimmed before it could show them" +
+        (typeof oldest === "number" ? "; it goes on from message " + oldest + ", the oldest kept." : ".");
+      list.insertBefore(note, list.firstChild);
+      empty.hidden = true;
+    }
+
     tail.addEventListener("htmx:sseMessage", function (event) {
       if (event.detail && event.detail.lastEventId) {
         lastEventId = event.detail.lastEventId;
+      }
+      if (event.detail && event.detail.type === TRIMMED_EVENT) {
+        noteTrimmed(event.detail.data);
+        return;
       }
       var items = list.querySelectorAll("li.message");
       if (items.length) {
@@ -104,6 +127,10 @@
       swap.setAttribute("hx-target", "#tail-list");
       swap.setAttribute("hx-swap", "afterbegin");
       source.appendChild(swap);
+      var trimmed = document.createElement("div");
+      trimmed.setAttribute("sse-swap", TRIMMED_EVENT);
+      trimmed.setAttribute("hx-swap", "none");
+      source.appendChild(trimmed);
       empty.parentNode.insertBefore(source, empty);
       htmx.process(source);
       toggle.textContent = "Pause";

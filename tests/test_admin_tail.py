@@ -112,3 +112,61 @@ def test_the_live_tail_is_live_and_loses_nothing(
             page.close()
     finally:
         context.close()
+
+
+def test_a_tail_resumed_after_its_messages_were_trimmed_says_so(
+    make_app: Callable[..., tuple[Flask, SQLAlchemy, FirmChannel]],
+    browser: Any,
+    broadcaster: Callable[[str], float],
+) -> None:
+    """Paused while the rows after its last message were trimmed, the tail resumes with a note
+    where the gap is (naming the oldest message kept) instead of skipping it in silence."""
+    app, _, fc = make_app(**ADMIN_CONFIG, FIRM_CHANNEL_COMMIT_GRACE=0)
+    fc.admin_authorizer(lambda: True)
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        watch = PageWatch()
+        watch.attach(page)
+        with live_server(app) as server:
+            page.goto(server.url + "/_channels/channels/" + b"news".hex())
+            status = page.locator("#tail-status")
+            expect(status).to_have_text("Live")
+            tail = page.locator("#tail-list li.message")
+            note = page.locator("#tail-list li.tail-note")
+
+            broadcaster("before the pause")
+            expect(tail).to_have_count(1)
+            page.get_by_role("button", name="Pause").click()
+            expect(status).to_have_text("Paused · 1 received")
+            for i in range(3):
+                broadcaster(f"trimmed {i}")
+            with app.app_context():
+                # The four on this channel, and the process heartbeats the admin stores.
+                assert fc.trim(older_than=0) >= 4
+            broadcaster("after the trim")
+            expect(note).to_have_count(0)
+
+            page.get_by_role("button", name="Resume").click()
+            expect(tail).to_have_count(2)
+            expect(note).to_have_count(1)
+            kept = tail.first.get_attribute("data-message-id")
+            assert kept is not None and kept.isdigit()
+            expect(note).to_have_text(
+                "Messages broadcast while this tail was paused or disconnected were trimmed "
+                f"before it could show them; it goes on from message {kept}, the oldest kept."
+            )
+            # The note sits where the gap is: below what came after it, above what came before.
+            order = page.eval_on_selector_all(
+                "#tail-list > li",
+                "items => items.map(li => li.classList.contains('tail-note') ? 'note'"
+                " : li.querySelector('.body').innerText)",
+            )
+            assert order == ["after the trim", "note", "before the pause"]
+            expect(status).to_have_text("Live · 2 new")
+            assert serious_violations(page) == []
+            assert watch.errors == [], watch.errors
+            page.close()
+    finally:
+        context.close()

@@ -30,6 +30,9 @@ class ListenerHealth:
     #: one subscription fell ``LANE_LIMIT`` behind (see ``callbacks.py``).
     callback_backlog: int = 0
     callback_dropped: int = 0
+    #: Errors the listener met (a failed poll, something escaping its loop), and how many
+    #: times it went on after one: a failed poll retried on a fresh connection after its
+    #: back-off, or the loop restarted in place from the same read position.
     errors: int = 0
     restarts: int = 0
     last_error: str | None = None
