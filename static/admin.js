@@ -39,6 +39,9 @@
     var status = document.getElementById("tail-status");
     var toggle = document.getElementById("tail-toggle");
     var empty = document.getElementById("tail-empty");
+    // The connector as the page rendered it: a resumed stream is a copy with a new URL, so
+    // it listens for exactly the events the template names.
+    var pristine = document.getElementById("tail-connector").cloneNode(true);
     var received = 0;
     var lastEventId = null;
     var paused = false;
@@ -65,7 +68,7 @@
       try {
         oldest = JSON.parse(data).oldest_id;
       } catch (e) {
-        oldest = null;
+        // Not the notice sse.py sends: say it without the id.
       }
       var note = document.createElement("li");
       note.className = "tail-note warning";
@@ -118,19 +121,8 @@
       paused = false;
       var after = lastEventId || tail.getAttribute("data-after") || "0";
       var url = tail.getAttribute("data-stream") + "?lastEventId=" + encodeURIComponent(after);
-      var source = document.createElement("div");
-      source.id = "tail-connector";
-      source.setAttribute("hx-ext", "sse");
+      var source = pristine.cloneNode(true);
       source.setAttribute("sse-connect", url);
-      var swap = document.createElement("div");
-      swap.setAttribute("sse-swap", "message");
-      swap.setAttribute("hx-target", "#tail-list");
-      swap.setAttribute("hx-swap", "afterbegin");
-      source.appendChild(swap);
-      var trimmed = document.createElement("div");
-      trimmed.setAttribute("sse-swap", TRIMMED_EVENT);
-      trimmed.setAttribute("hx-swap", "none");
-      source.appendChild(trimmed);
       empty.parentNode.insertBefore(source, empty);
       htmx.process(source);
       toggle.textContent = "Pause";

@@ -6,6 +6,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -49,6 +50,24 @@ def broadcaster(db_url: str, table_name: str) -> Iterator[Callable[[str], float]
     proc.kill()
 
 
+@contextmanager
+def tail_page(app: Flask, browser: Any) -> Iterator[tuple[Any, PageWatch]]:
+    """The ``news`` channel's page, served by ``app``, with its tail connected ("Live")."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        watch = PageWatch()
+        watch.attach(page)
+        with live_server(app) as server:
+            page.goto(server.url + "/_channels/channels/" + b"news".hex())
+            expect(page.locator("#tail-status")).to_have_text("Live")
+            yield page, watch
+            page.close()
+    finally:
+        context.close()
+
+
 def test_the_live_tail_is_live_and_loses_nothing(
     make_app: Callable[..., tuple[Flask, SQLAlchemy, FirmChannel]],
     browser: Any,
@@ -58,60 +77,49 @@ def test_the_live_tail_is_live_and_loses_nothing(
     fc.admin_authorizer(lambda: True)
     with app.app_context():
         fc.broadcast("news", "stored before the page")
-    context = browser.new_context()
-    try:
-        page = context.new_page()
-        page.set_default_timeout(15_000)
-        watch = PageWatch()
-        watch.attach(page)
-        with live_server(app) as server:
-            page.goto(server.url + "/_channels/channels/" + b"news".hex())
-            status = page.locator("#tail-status")
-            expect(status).to_have_text("Live")
-            page.evaluate(RECORD_ARRIVALS)
-            tail = page.locator("#tail-list li.message")
+    with tail_page(app, browser) as (page, watch):
+        status = page.locator("#tail-status")
+        page.evaluate(RECORD_ARRIVALS)
+        tail = page.locator("#tail-list li.message")
 
-            sent = broadcaster("hello <b>from</b> another process")
-            expect(tail).to_have_count(1)
-            latency = page.evaluate("window.__arrivals[0]") - sent
-            assert latency < 1.0, f"the message took {latency:.3f} s to show"
-            assert tail.locator(".body").inner_text() == "hello <b>from</b> another process"
-            assert page.locator("main b").count() == 0
-            assert page.locator("#message-list, .messages li.message").count() == 2
+        sent = broadcaster("hello <b>from</b> another process")
+        expect(tail).to_have_count(1)
+        latency = page.evaluate("window.__arrivals[0]") - sent
+        assert latency < 1.0, f"the message took {latency:.3f} s to show"
+        assert tail.locator(".body").inner_text() == "hello <b>from</b> another process"
+        assert page.locator("main b").count() == 0
+        assert page.locator("#message-list, .messages li.message").count() == 2
 
-            page.get_by_role("button", name="Pause").click()
-            expect(status).to_have_text("Paused · 1 received")
-            for i in range(3):
-                broadcaster(f"while paused {i}")
-            page.wait_for_timeout(500)  # a paused tail shows nothing new
-            expect(tail).to_have_count(1)
-            page.get_by_role("button", name="Resume").click()
-            expect(tail).to_have_count(4)
+        page.get_by_role("button", name="Pause").click()
+        expect(status).to_have_text("Paused · 1 received")
+        for i in range(3):
+            broadcaster(f"while paused {i}")
+        page.wait_for_timeout(500)  # a paused tail shows nothing new
+        expect(tail).to_have_count(1)
+        page.get_by_role("button", name="Resume").click()
+        expect(tail).to_have_count(4)
 
-            assert watch.errors == [], watch.errors
-            # The stream drops (here: this process's listener shuts down); the browser
-            # reconnects with its Last-Event-ID and gets what was sent in between.
-            with app.app_context():
-                fc.close()
-            broadcaster("during the outage")
-            expect(tail).to_have_count(5)
-            broadcaster("after it")
-            expect(tail).to_have_count(6)
-            texts = tail.locator(".body").all_inner_texts()
-            assert texts == [
-                "after it",
-                "during the outage",
-                "while paused 2",
-                "while paused 1",
-                "while paused 0",
-                "hello <b>from</b> another process",
-            ]
-            assert serious_violations(page) == []
-            # htmx logs the dropped connection itself (an Event object); nothing else.
-            assert set(watch.errors) <= {"[object Event]"}, watch.errors
-            page.close()
-    finally:
-        context.close()
+        assert watch.errors == [], watch.errors
+        # The stream drops (here: this process's listener shuts down); the browser
+        # reconnects with its Last-Event-ID and gets what was sent in between.
+        with app.app_context():
+            fc.close()
+        broadcaster("during the outage")
+        expect(tail).to_have_count(5)
+        broadcaster("after it")
+        expect(tail).to_have_count(6)
+        texts = tail.locator(".body").all_inner_texts()
+        assert texts == [
+            "after it",
+            "during the outage",
+            "while paused 2",
+            "while paused 1",
+            "while paused 0",
+            "hello <b>from</b> another process",
+        ]
+        assert serious_violations(page) == []
+        # htmx logs the dropped connection itself (an Event object); nothing else.
+        assert set(watch.errors) <= {"[object Event]"}, watch.errors
 
 
 def test_a_tail_resumed_after_its_messages_were_trimmed_says_so(
@@ -123,50 +131,39 @@ def test_a_tail_resumed_after_its_messages_were_trimmed_says_so(
     where the gap is (naming the oldest message kept) instead of skipping it in silence."""
     app, _, fc = make_app(**ADMIN_CONFIG, FIRM_CHANNEL_COMMIT_GRACE=0)
     fc.admin_authorizer(lambda: True)
-    context = browser.new_context()
-    try:
-        page = context.new_page()
-        page.set_default_timeout(15_000)
-        watch = PageWatch()
-        watch.attach(page)
-        with live_server(app) as server:
-            page.goto(server.url + "/_channels/channels/" + b"news".hex())
-            status = page.locator("#tail-status")
-            expect(status).to_have_text("Live")
-            tail = page.locator("#tail-list li.message")
-            note = page.locator("#tail-list li.tail-note")
+    with tail_page(app, browser) as (page, watch):
+        status = page.locator("#tail-status")
+        tail = page.locator("#tail-list li.message")
+        note = page.locator("#tail-list li.tail-note")
 
-            broadcaster("before the pause")
-            expect(tail).to_have_count(1)
-            page.get_by_role("button", name="Pause").click()
-            expect(status).to_have_text("Paused · 1 received")
-            for i in range(3):
-                broadcaster(f"trimmed {i}")
-            with app.app_context():
-                # The four on this channel, and the process heartbeats the admin stores.
-                assert fc.trim(older_than=0) >= 4
-            broadcaster("after the trim")
-            expect(note).to_have_count(0)
+        broadcaster("before the pause")
+        expect(tail).to_have_count(1)
+        page.get_by_role("button", name="Pause").click()
+        expect(status).to_have_text("Paused · 1 received")
+        for i in range(3):
+            broadcaster(f"trimmed {i}")
+        with app.app_context():
+            # The four on this channel, and the process heartbeats the admin stores.
+            assert fc.trim(older_than=0) >= 4
+        broadcaster("after the trim")
+        expect(note).to_have_count(0)
 
-            page.get_by_role("button", name="Resume").click()
-            expect(tail).to_have_count(2)
-            expect(note).to_have_count(1)
-            kept = tail.first.get_attribute("data-message-id")
-            assert kept is not None and kept.isdigit()
-            expect(note).to_have_text(
-                "Messages broadcast while this tail was paused or disconnected were trimmed "
-                f"before it could show them; it goes on from message {kept}, the oldest kept."
-            )
-            # The note sits where the gap is: below what came after it, above what came before.
-            order = page.eval_on_selector_all(
-                "#tail-list > li",
-                "items => items.map(li => li.classList.contains('tail-note') ? 'note'"
-                " : li.querySelector('.body').innerText)",
-            )
-            assert order == ["after the trim", "note", "before the pause"]
-            expect(status).to_have_text("Live · 2 new")
-            assert serious_violations(page) == []
-            assert watch.errors == [], watch.errors
-            page.close()
-    finally:
-        context.close()
+        page.get_by_role("button", name="Resume").click()
+        expect(tail).to_have_count(2)
+        expect(note).to_have_count(1)
+        kept = tail.first.get_attribute("data-message-id")
+        assert kept is not None and kept.isdigit()
+        expect(note).to_have_text(
+            "Messages broadcast while this tail was paused or disconnected were trimmed "
+            f"before it could show them; it goes on from message {kept}, the oldest kept."
+        )
+        # The note sits where the gap is: below what came after it, above what came before.
+        order = page.eval_on_selector_all(
+            "#tail-list > li",
+            "items => items.map(li => li.classList.contains('tail-note') ? 'note'"
+            " : li.querySelector('.body').innerText)",
+        )
+        assert order == ["after the trim", "note", "before the pause"]
+        expect(status).to_have_text("Live · 2 new")
+        assert serious_violations(page) == []
+        assert watch.errors == [], watch.errors
