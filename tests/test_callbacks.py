@@ -89,10 +89,16 @@ def test_callbacks_that_raise_or_exit_leave_the_listener_and_the_others_alone(
     listening.subscribe("fatal", raises)
     listening.subscribe("fatal", good.append)
     ids = [publisher.broadcast("fatal", f"m{i}") for i in range(3)]
+
+    def failures() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "failed on channel" in r.getMessage()]
+
     wait_for(lambda: good == [b"m0", b"m1", b"m2"])
-    wait_for(lambda: listening.health().subscriber_errors == 6)
+    # The lanes of the two failing callbacks run on their own threads: wait for everything
+    # asserted below, the count and the six records, not for one of them.
+    wait_for(lambda: listening.health().subscriber_errors == 6 and len(failures()) == 6)
     assert listening.listening and listening.health().restarts == 0
-    exited = [r for r in caplog.records if r.exc_info and r.exc_info[0] is SystemExit]
+    exited = [r for r in failures() if r.exc_info and r.exc_info[0] is SystemExit]
     assert len(exited) == 3
     for record, msg_id in zip(exited, ids, strict=True):
         assert "fatal" in record.getMessage() and str(msg_id) in record.getMessage()
@@ -100,6 +106,39 @@ def test_callbacks_that_raise_or_exit_leave_the_listener_and_the_others_alone(
     # must still bring the next message.
     publisher.broadcast("fatal", "still heard")
     wait_for(lambda: good[-1:] == [b"still heard"])
+
+
+def test_a_subscriber_error_is_counted_only_after_its_log_record_is_written(
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    """Whoever sees ``subscriber_errors`` go up (a monitor, a test) finds the record too: the
+    count used to go up first, and a reader between the two found one record fewer."""
+    pubsub = make_pubsub(auto_trim=False)
+    writing = threading.Event()
+    release = threading.Event()
+    written: list[logging.LogRecord] = []
+
+    class SlowHandler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            writing.set()
+            release.wait(30)
+            written.append(record)
+
+    handler = SlowHandler(logging.ERROR)
+    logger = logging.getLogger("flask_firm_channel")
+    logger.addHandler(handler)
+    try:
+        pubsub.subscribe("counted", lambda p: 1 / 0)
+        pubsub.broadcast("counted", "x")
+        assert writing.wait(10), "the failing callback's record was never written"
+        assert pubsub.health().subscriber_errors == 0, "counted while its record is unwritten"
+        release.set()
+        wait_for(lambda: pubsub.health().subscriber_errors == 1)
+        (record,) = written
+        assert record.exc_info and record.exc_info[0] is ZeroDivisionError
+    finally:
+        release.set()
+        logger.removeHandler(handler)
 
 
 def test_a_subscription_too_far_behind_drops_loudly_and_keeps_order(

@@ -71,17 +71,15 @@ class CallbackRunner:
             lane = self._lanes.get(id(sub))
             if lane is None:
                 lane = self._lanes[id(sub)] = _Lane(sub)
-            if lane.items.qsize() >= self.limit:
-                self.dropped += 1
-                first = not lane.overflowing
-                lane.overflowing = True
-            else:
-                first = False
+            if lane.items.qsize() < self.limit:
                 lane.overflowing = False
                 lane.items.put((value, msg_id))
                 if not lane.running:
                     lane.running = True
                     self._spawn(lane)
+                return
+            first = not lane.overflowing
+            lane.overflowing = True
         if first:
             log.error(
                 "firm-channel subscriber %r on channel %r is %d messages behind; message %s "
@@ -91,6 +89,9 @@ class CallbackRunner:
                 self.limit,
                 msg_id if msg_id is not None else getattr(value, "id", "-"),
             )
+        # Counted only once its log record is written: whoever sees the count sees the record.
+        with self._lock:
+            self.dropped += 1
 
     def _spawn(self, lane: _Lane) -> None:
         thread = threading.Thread(
@@ -129,8 +130,6 @@ class CallbackRunner:
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a callback too: logged
             if isinstance(exc, (SystemExit, KeyboardInterrupt)) and sys.is_finalizing():
                 return
-            with self._lock:  # lanes fail concurrently; no count may be lost
-                self.errors += 1
             log.error(
                 "firm-channel subscriber %r failed on channel %r, message %s; it keeps its "
                 "subscription",
@@ -139,6 +138,10 @@ class CallbackRunner:
                 msg_id if msg_id is not None else getattr(value, "id", "-"),
                 exc_info=exc,
             )
+            # Counted only once the record is written: whoever waits for the count (health(),
+            # a test) then finds the record too. Lanes fail concurrently; no count may be lost.
+            with self._lock:
+                self.errors += 1
 
     # -- state ------------------------------------------------------------------------------
 
