@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Run the full test suite N times in a row, with CI=true, from a fresh clone of the committed main
+# (untracked and uncommitted files play no part). With --burn, one busy loop per core runs beside
+# it, so a test that races the code it checks shows up. Prints one line per run and a summary;
+# exits non-zero if any run failed. Each run's log is kept in the directory printed first.
+#
+#   bash scripts/soak-suite.sh 5            # five runs on a quiet machine
+#   bash scripts/soak-suite.sh --burn 5     # five runs with every core busy
+set -euo pipefail
+
+burn=false
+if [ "${1:-}" = "--burn" ]; then burn=true; shift; fi
+runs="${1:?usage: soak-suite.sh [--burn] N}"
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+work="$(mktemp -d /tmp/firm-channel-soak.XXXXXX)"
+logs="$work/logs"
+mkdir -p "$logs"
+git clone -q --branch main "$repo" "$work/repo"
+cd "$work/repo"
+echo "soak: commit $(git rev-parse --short HEAD), $runs run(s), burn=$burn; logs in $logs"
+# The clone's own venv, made before the first run so that no run's wall time includes it.
+bash scripts/_venv.sh >"$logs/venv.log" 2>&1
+
+burners=()
+stop_burners() {
+    for pid in "${burners[@]}"; do kill "$pid" 2>/dev/null || true; done
+    burners=()
+}
+trap stop_burners EXIT
+if $burn; then
+    for _ in $(seq "$(nproc)"); do
+        python3 -c "while True: pass" &
+        burners+=("$!")
+    done
+fi
+
+count() {  # count WORD LOG: the number before WORD in pytest's closing line, 0 if absent
+    tail -n 1 "$2" | grep -oE "[0-9]+ $1" | grep -oE "[0-9]+" || echo 0
+}
+
+bad=0
+printf '%-4s %7s %7s %7s %7s\n' run passed failed errors seconds
+for i in $(seq "$runs"); do
+    log="$logs/run-$i.log"
+    start=$SECONDS
+    status=0
+    CI=true bash scripts/run-tests.sh >"$log" 2>&1 || status=$?
+    passed=$(count passed "$log")
+    failed=$(count failed "$log")
+    errors=$(count "errors?" "$log")
+    if [ "$status" -ne 0 ] || [ "$failed" -ne 0 ] || [ "$errors" -ne 0 ]; then bad=$((bad + 1)); fi
+    printf '%-4s %7s %7s %7s %7s\n' "$i" "$passed" "$failed" "$errors" "$((SECONDS - start))"
+done
+stop_burners
+
+echo "soak: $((runs - bad)) of $runs run(s) green (burn=$burn); logs in $logs"
+[ "$bad" -eq 0 ]
