@@ -74,11 +74,10 @@ def test_a_black_holed_listen_connection_is_noticed_and_replaced(
         assert health.wake_errors >= 1
         assert health.wake_last_error is not None and "self-NOTIFY" in health.wake_last_error
 
-        # The new LISTEN connection brings the next message by the hint, not by a poll.
-        sent = time.monotonic()
+        # The new LISTEN connection brings the next message by the hint: the safety poll is
+        # an hour away, so arriving inside this deadline is the proof (how soon: bench/).
         publisher.broadcast("live", "after")
         wait_for(lambda: len(received) == 3)
-        assert received[2][1] - sent < 1.0
         assert [p for p, _ in received] == [b"before", b"while black-holed", b"after"]
     finally:
         listening.close()

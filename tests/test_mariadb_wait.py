@@ -80,11 +80,11 @@ def test_an_idle_listener_waits_in_the_server_and_wakes_on_another_process_commi
     # Not one poll: the wait answers once a second, and only a moved MAX(id) makes a poll.
     assert pubsub.health().polls == polls
     for i in range(3):
-        sent = time.monotonic()
         publisher.broadcast("w", f"m{i}")
-        wait_for(lambda i=i: received[-1:] == [f"m{i}".encode()], timeout=5)
-        # Within the wait's own pace (it reads MAX(id) every 20 ms), not the 5 s safety poll.
-        assert time.monotonic() - sent < 1.0
+        # The safety poll is NEVER (60 s) away and the idle hint makes no timer polls (above):
+        # a message inside this deadline was brought by the server-side wait. How soon is
+        # measured in bench/, not asserted here.
+        wait_for(lambda i=i: received[-1:] == [f"m{i}".encode()], timeout=NEVER / 4)
         idle_and_waiting(pubsub, engine, table)
     assert received == [b"m0", b"m1", b"m2"]
 
@@ -109,7 +109,7 @@ def test_an_open_transaction_does_not_hold_the_wait_up(
                 lambda: (
                     max((ms for _, ms, _ in waiting_statements(engine, table)), default=0) > 700
                 ),
-                timeout=3,
+                timeout=10,
             )
             wait_for(
                 lambda: (
@@ -117,15 +117,15 @@ def test_an_open_transaction_does_not_hold_the_wait_up(
                     < min((ms for _, ms, _ in waiting_statements(engine, table)), default=1e9)
                     < 300
                 ),
-                timeout=3,
+                timeout=10,
             )
         assert all("lock" not in state.lower() for *_, state in waiting_statements(engine, table))
         publisher.broadcast("w", "committed")
-        wait_for(lambda: received == [b"committed"], timeout=2)
+        wait_for(lambda: received == [b"committed"])
         tx.commit()
     # The late commit fills a gap below the newest id, which MAX(id) cannot show: the hint
     # polls on its timer while the gap is open.
-    wait_for(lambda: received == [b"committed", b"uncommitted"], timeout=2)
+    wait_for(lambda: received == [b"committed", b"uncommitted"])
     assert pubsub.health().open_gaps == 0
 
 
@@ -143,12 +143,12 @@ def test_a_killed_wait_falls_back_to_polling_and_comes_back(
     wait_for(lambda: pubsub.health().wake_errors > errors, timeout=5)
     assert "polled every" in pubsub.health().wake_detail
     publisher.broadcast("w", "while polling")
-    wait_for(lambda: received == [b"while polling"], timeout=2)
+    wait_for(lambda: received == [b"while polling"])
     # Tried again after a second, on a new connection.
     again = idle_and_waiting(pubsub, engine, table)
     assert again != victim
     publisher.broadcast("w", "waiting again")
-    wait_for(lambda: received == [b"while polling", b"waiting again"], timeout=2)
+    wait_for(lambda: received == [b"while polling", b"waiting again"])
 
 
 def test_a_server_that_refuses_the_wait_is_polled_on_the_timer(
@@ -174,7 +174,7 @@ def test_a_server_that_refuses_the_wait_is_polled_on_the_timer(
     assert waiting_statements(engine, table) == []
     assert pubsub.health().wake_healthy
     publisher.broadcast("w", "polled")
-    wait_for(lambda: received == [b"polled"], timeout=2)
+    wait_for(lambda: received == [b"polled"])
     errors = pubsub.health().wake_errors
     time.sleep(1.5)  # a measuring window: no retry of a statement the server refused
     assert pubsub.health().wake_errors == errors
