@@ -207,10 +207,13 @@ def row_count(engine: sa.Engine, table: sa.Table) -> int:
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     from .admin_support import CHROMIUM, CHROMIUM_ARGS
 
+    # expect() waits 5 s by default whatever the page's timeout: on a loaded machine a message
+    # that crosses a process, the server and the browser can take longer than that to show.
+    expect.set_options(timeout=15_000)
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium

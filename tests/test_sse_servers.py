@@ -255,7 +255,11 @@ def increasing(ids: list[str]) -> bool:
 
 @pytest.mark.slow
 def test_browser_and_raw_clients_across_three_gthread_workers(server: Any, browser: Any) -> None:
-    srv = server(EXAMPLE_WORKERS=3, EXAMPLE_THREADS=20).start(workers=3)
+    # The safety poll an hour away: a post another worker handled reaches this page only by
+    # the wake hint (how soon is measured in bench/, not asserted on a loaded machine).
+    srv = server(
+        EXAMPLE_WORKERS=3, EXAMPLE_THREADS=20, EXAMPLE_FIRM_CHANNEL_SAFETY_INTERVAL=3600
+    ).start(workers=3)
     raw = srv.client("/rooms/lobby/events", "--connections", "60", "--distinct-workers", "3")
     wait_for(lambda: raw.ready() >= 0, timeout=30)
     assert raw.ready() == 3, f"streams landed on {raw.pids()}"
@@ -283,15 +287,13 @@ def test_browser_and_raw_clients_across_three_gthread_workers(server: Any, brows
         first = poster.post("hello from the test")
         shown("hello from the test", 15)
         stream_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
-        # A post another worker handled appears within a second.
+        # A post another worker handled appears, brought by the wake hint.
         for attempt in range(30):
             sent = poster.post(f"via another worker {attempt}")
             if sent["posted_by"] != stream_worker:
                 break
         assert sent["posted_by"] != stream_worker
-        posted_at = time.monotonic()
-        shown(sent["text"], 1.0)
-        assert time.monotonic() - posted_at < 1.0
+        shown(sent["text"], 20)
 
         # Every raw client on every worker gets everything, in order.
         extra = [srv.broadcast(json.dumps({"id": -i, "text": f"b{i}"})) for i in range(20)]
