@@ -63,9 +63,11 @@ def test_close_is_prompt_leaves_no_thread_and_is_final(
     assert new_threads(before) == []
     assert not pubsub.listening and pubsub.closed
 
+    # Again: nothing left to stop or wait for. The bound is the first close's, not a measure
+    # of a no-op (a loaded machine can hold any thread back for a tenth of a second).
     started = time.monotonic()
     pubsub.close()
-    assert time.monotonic() - started < 0.1
+    assert time.monotonic() - started < 1.0
     with pytest.raises(RuntimeError, match="closed"):
         pubsub.subscribe("lifecycle", received.append)
     with pytest.raises(RuntimeError, match="closed"):
