@@ -49,7 +49,10 @@ def test_a_poll_waiting_on_the_server_does_not_block_the_gevent_hub(
                 # A wake-up the listener cannot ignore: its next poll waits on the lock.
                 other.execute(
                     sa.text("SELECT pg_notify(:name, :hash)"),
-                    {"name": notify_channel_name(table.name), "hash": str(channel_hash(b"green"))},
+                    {
+                        "name": notify_channel_name(table.name, channel_hash(b"green")),
+                        "hash": str(channel_hash(b"green")),
+                    },
                 )
                 other.commit()
 

@@ -162,8 +162,8 @@ def test_a_server_that_refuses_the_wait_is_polled_on_the_timer(
     rejects the statement, and the hint polls on its timer from then on."""
     real = drivers.ServerWait.__init__
 
-    def refused(self: drivers.ServerWait, conn: object, sql_for: Callable[[int], str]) -> None:
-        real(self, conn, lambda baseline: "BEGIN NOT ATOMIC NOT VALID SQL; END")
+    def refused(self: drivers.ServerWait, conn: object, sql_for: Callable[..., str]) -> None:
+        real(self, conn, lambda baseline, hashes: "BEGIN NOT ATOMIC NOT VALID SQL; END")
 
     monkeypatch.setattr(drivers.ServerWait, "__init__", refused)
     pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)

@@ -231,7 +231,7 @@ def _noise(backend: str, engine: sa.Engine, table: sa.Table, stop: threading.Eve
                 conn.execute(
                     sa.text("SELECT pg_notify(:name, :hash)"),
                     {
-                        "name": notify_channel_name(table.name),
+                        "name": notify_channel_name(table.name, channel_hash(b"storm-0")),
                         "hash": str(channel_hash(b"storm-0")),
                     },
                 )

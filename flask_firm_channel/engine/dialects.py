@@ -85,7 +85,9 @@ class Dialect:
         """Whether :meth:`insert_statement` yields the id as a row (else ``lastrowid``)."""
         return False
 
-    def notify_params(self, table: Table) -> dict[str, Any]:
+    def notify_params(self, table: Table, channel_hash: int) -> dict[str, Any]:
+        """The extra parameters of :meth:`insert_statement` with ``notify`` for a row of
+        the channel with ``channel_hash`` (always the same keys, in the same order)."""
         return {}
 
     def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
@@ -166,9 +168,10 @@ class Dialect:
     def server_wait(
         self, conn: Any, table: Table, step: float, seconds: float
     ) -> ServerWait | None:
-        """A statement on ``conn`` that waits in the server until the table's newest id is no
-        longer a given one, checking every ``step`` seconds for up to ``seconds``; None where
-        the server or the driver cannot (see ``wake.py``, :class:`AdaptivePollHint`)."""
+        """A statement on ``conn`` that waits in the server until the newest id of the given
+        channel hashes is no longer a given one, checking every ``step`` seconds for up to
+        ``seconds``; None where the server or the driver cannot (see ``wake.py``,
+        :class:`AdaptivePollHint`)."""
         return None
 
     def prepare_publisher(self, conn: Any) -> None:
@@ -319,8 +322,10 @@ class PostgreSQLDialect(Dialect):
         if not notify:
             return ins.returning(table.c.id)
         # One round trip: the NOTIFY is queued inside the broadcasting transaction, so it fires
-        # at COMMIT (and never on rollback). It carries only the channel hash, which lets a
-        # listener ignore traffic on channels it does not follow.
+        # at COMMIT (and never on rollback). It goes to the channel's bucket (see
+        # notify_channel_name), which only listeners following a channel of that bucket
+        # LISTEN to, and carries the channel hash, which lets them ignore the bucket's
+        # other channels.
         inserted = ins.returning(table.c.id, table.c.channel_hash).cte("firm_channel_insert")
         return select(
             inserted.c.id,
@@ -344,8 +349,8 @@ class PostgreSQLDialect(Dialect):
             if not cursor.nextset():
                 return ids
 
-    def notify_params(self, table: Table) -> dict[str, Any]:
-        return {"p_notify": notify_channel_name(table.name)}
+    def notify_params(self, table: Table, channel_hash: int) -> dict[str, Any]:
+        return {"p_notify": notify_channel_name(table.name, channel_hash)}
 
     def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
@@ -457,17 +462,31 @@ class MySQLDialect(Dialect):
         name = self._qualified(table)
         checks = max(1, round(seconds / step)) + 1
 
-        def sql_for(baseline: int) -> str:
+        def sql_for(baseline: int, hashes: tuple[int, ...]) -> str:
             # SELECT ... INTO is a consistent read, each a statement of its own (autocommit)
-            # that sees every commit made before it, and MAX(id) is one step down the primary
-            # key. (A subquery in the loop's condition would be a locking read, waiting
-            # behind any open transaction that inserted a row.)
+            # that sees every commit made before it. The newest id is that of the followed
+            # channels, one step down the (channel_hash, id) index each, so that another
+            # process's busy channel does not wake this one; past MAX_WAIT_HASHES channels,
+            # the table's newest id (one step down the primary key). (A subquery in the
+            # loop's condition would be a locking read, waiting behind any open transaction
+            # that inserted a row.)
             b = int(baseline)
+            if 0 < len(hashes) <= MAX_WAIT_HASHES:
+                newest = (
+                    "GREATEST("
+                    + ", ".join(
+                        f"COALESCE((SELECT MAX(id) FROM {name} WHERE channel_hash = {int(h)}), 0)"
+                        for h in hashes
+                    )
+                    + ", 0)"
+                )
+            else:
+                newest = f"(SELECT COALESCE(MAX(id), 0) FROM {name})"
             return (
                 f"BEGIN NOT ATOMIC DECLARE n INT DEFAULT 0; DECLARE m BIGINT DEFAULT {b}; "
                 f"WHILE m = {b} AND n < {checks} DO "
                 f"IF n > 0 THEN DO SLEEP({step:.3f}); END IF; "
-                f"SELECT COALESCE(MAX(id), 0) INTO m FROM {name}; SET n = n + 1; "
+                f"SELECT {newest} INTO m; SET n = n + 1; "
                 "END WHILE; SELECT m; END"
             )
 
@@ -579,18 +598,40 @@ def dialect_for(engine: Engine) -> Dialect:
 _SCHEMA_LOCK_TIMEOUT = 60
 
 
+#: The server wait reads the newest id of at most this many followed channels, one index
+#: step each; a process following more waits on the table's newest id.
+MAX_WAIT_HASHES = 32
+
+
 def _lock_key(table_name: str) -> int:
     """A signed 64-bit key for the advisory lock that serialises creating ``table_name``."""
     digest = hashlib.sha256(b"firm-channel-schema:" + table_name.encode()).digest()
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
-def notify_channel_name(table_name: str) -> str:
-    """The PostgreSQL NOTIFY channel for a table: short enough for a 63-byte identifier."""
+#: PostgreSQL NOTIFY channels per table: a message is notified on the bucket of its channel
+#: hash, and a listener LISTENs only to the buckets of the channels it follows. Up to
+#: PostgreSQL 18 every NOTIFY still signals every listening backend of the database, but
+#: only the listeners of its bucket read it and wake; from PostgreSQL 19 on, only they are
+#: signalled at all.
+NOTIFY_BUCKETS = 256
+
+
+def notify_bucket(channel_hash: int) -> int:
+    """The NOTIFY bucket of a channel hash: its low byte (0-255, negative hashes too)."""
+    return channel_hash & (NOTIFY_BUCKETS - 1)
+
+
+def notify_channel_name(table_name: str, channel_hash: int | None = None) -> str:
+    """The PostgreSQL NOTIFY channel of ``channel_hash``'s bucket in a table (at most 56
+    bytes, within the 63-byte identifier limit), or, without a hash, the table's own channel,
+    which only carries the listener's self-NOTIFYs (``liveness.py``)."""
     name = f"firm_channel_{table_name}"
-    if len(name.encode()) <= 63:
+    if len(name.encode()) > 53:
+        name = "firm_channel_" + hashlib.sha256(table_name.encode()).hexdigest()[:40]
+    if channel_hash is None:
         return name
-    return "firm_channel_" + hashlib.sha256(table_name.encode()).hexdigest()[:40]
+    return f"{name}_{notify_bucket(channel_hash):02x}"
 
 
 def _sqlite_datetime(value: datetime) -> str:

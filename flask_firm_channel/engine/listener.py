@@ -118,6 +118,8 @@ class Listener:
         #: Channel hashes the previous poll followed, and the same sorted.
         self._followed: frozenset[int] = frozenset()
         self._followed_sorted: tuple[int, ...] = ()
+        #: The followed hashes the wake hint was last told of.
+        self._hinted: frozenset[int] | None = None
         #: Bumped whenever this thread moves a subscription's anchor: with the snapshot's
         #: version, it says when the anchors :meth:`_follow` last looked at may have changed.
         self._anchor_epoch = 0
@@ -341,6 +343,7 @@ class Listener:
             self._floors.clear()
             self._pending.clear()
             self._starting.clear()
+            self._tell_hint()
             return 0
         if self._high_water is None or (
             (snap.version, self._anchor_epoch) != self._followed_key and snap.pending()
@@ -351,6 +354,7 @@ class Listener:
         now = time.time()
         self._gaps.expire(now - self._settings.commit_grace)
         self._follow(snap)
+        self._tell_hint()
         read = 0
         while self._starting:
             sub = self._starting[0]
@@ -381,6 +385,14 @@ class Listener:
             anchors = [s.anchor for s in snap.subs if s.anchor is not None]
             self._high_water = min(anchors + [max_id])
             self._followed, self._followed_key = frozenset(), None
+
+    def _tell_hint(self) -> None:
+        """Tell the hint what is followed now, before the table is read (see
+        :meth:`WakeHint.follow`)."""
+        if self._followed is not self._hinted:
+            self._hinted = self._followed
+            with self._busy:
+                self._hint.follow(self._followed)
 
     def _check_indexes(self) -> None:
         """Say once, at start, if the table predates the ``(channel_hash, id)`` index."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
@@ -24,6 +24,10 @@ Row = tuple[bytes, bytes]
 #: Most apps broadcast on a few channels: their hashes are kept rather than recomputed
 #: (a SHA-256 per broadcast). Bounded: at most this many channels of up to 1024 bytes.
 _hash = lru_cache(maxsize=1024)(channel_hash)
+
+
+def _no_params(channel_hash: int) -> dict[str, Any]:
+    return {}
 
 
 class Publisher:
@@ -42,7 +46,10 @@ class Publisher:
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._statement = dialect.insert_statement(table, notify=notify)
         self._returns_id = dialect.returns_id(notify=notify)
-        self._extra = dialect.notify_params(table) if notify else {}
+        #: The NOTIFY's parameters by channel hash (its bucket's channel), kept per channel.
+        self._extra = (
+            lru_cache(maxsize=1024)(partial(dialect.notify_params, table)) if notify else _no_params
+        )
         compiled = self._statement.compile(dialect=engine.dialect)
         self._sql = str(compiled)
         self._order: list[str] | None = (
@@ -52,30 +59,33 @@ class Publisher:
         # as a binary value as they are: their columns' bind processors would only wrap them
         # in the driver's Binary type (a copy, with PyMySQL). The channel hash is an int.
         self._created_at = dialect.datetime_binder(table.c.created_at.type)
-        if self._order is not None and self._order != list(INSERT_PARAMS) + list(self._extra):
+        extra_keys = list(self._extra(0))
+        if self._order is not None and self._order != list(INSERT_PARAMS) + extra_keys:
             raise AssertionError(f"unexpected parameter order {self._order}")
 
     def _values(self, channel: bytes, payload: bytes, now: datetime) -> dict[str, Any]:
+        hash_ = _hash(channel)
         return {
             "p_channel": channel,
             "p_payload": payload,
-            "p_channel_hash": _hash(channel),
+            "p_channel_hash": hash_,
             "p_created_at": now,
-            **self._extra,
+            **self._extra(hash_),
         }
 
     def _driver_params(self, channel: bytes, payload: bytes, now: datetime) -> Any:
         """One row's parameters as the driver takes them (a tuple for a positional
         paramstyle, SQLite's, else a dict)."""
         created: Any = now if self._created_at is None else self._created_at(now)
+        hash_ = _hash(channel)
         if self._order is not None:
-            return (channel, payload, _hash(channel), created, *self._extra.values())
+            return (channel, payload, hash_, created, *self._extra(hash_).values())
         return {
             "p_channel": channel,
             "p_payload": payload,
-            "p_channel_hash": _hash(channel),
+            "p_channel_hash": hash_,
             "p_created_at": created,
-            **self._extra,
+            **self._extra(hash_),
         }
 
     def publish(self, rows: Sequence[Row], connection: Connection | None = None) -> list[int]:

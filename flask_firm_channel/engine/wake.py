@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select as _select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, Table
 
 from .connections import close_quietly, dedicated_connection
-from .dialects import Dialect, notify_channel_name
+from .dialects import NOTIFY_BUCKETS, Dialect, notify_bucket, notify_channel_name
 from .drivers import ServerWait
 from .filewatch import FileWatch
 from .liveness import PING_PAYLOAD, Liveness
@@ -85,6 +86,13 @@ class WakeHint:
     def check(self) -> bool:
         """After any wake-up: return True to query the table now."""
         return True
+
+    def follow(self, hashes: frozenset[int]) -> None:
+        """The channel hashes the listener follows from its next read of the table on.
+
+        Called on the listener thread before that read, whenever the set changes: a hint that
+        watches only some channels must watch the new ones by the time it returns, so that
+        what commits after the read is signalled and what committed before is read."""
 
     def activity(self, rows: int, *, gaps: int = 0, following: bool = True) -> None:
         """Feedback after a poll that returned ``rows`` rows, with ``gaps`` ids passed whose
@@ -269,13 +277,21 @@ class NotifyHint(WakeHint):
     self-NOTIFY (``liveness.py``), so one silently dropped by a proxy or NAT is noticed and
     replaced.
 
+    A message is notified on one of ``NOTIFY_BUCKETS`` channels, picked by its channel hash
+    (``dialects.notify_channel_name``), and the connection LISTENs only to the buckets of the
+    channels this process follows, plus the table's own channel for its self-NOTIFYs. So in a
+    fleet where each process follows its own channels, a process is not woken by the others'
+    messages. :meth:`follow` changes the buckets before the listener's next read of the table:
+    what commits after the change is notified, what committed before it is read.
+
     Notifications are read with libpq's own calls (``consume_input`` and ``notifies`` of
-    psycopg's ``pgconn``): they never block, so the listener thread is never held here.
+    psycopg's ``pgconn``): they never block, so the listener thread is never held here. Only
+    a change of buckets waits for the server's answer (one round trip).
     """
 
     mode = "notify"
     #: Seconds of silence after which the LISTEN connection is checked, and how long it has
-    #: to answer.
+    #: to answer (a change of buckets too).
     PING_AFTER = 15.0
     PING_TIMEOUT = 5.0
     #: Reconnect delays: the first, doubling up to the last while attempts keep failing.
@@ -293,6 +309,11 @@ class NotifyHint(WakeHint):
         self._connected_before = False
         self._retry_at = 0.0
         self._backoff = self.RETRY_FIRST
+        #: The buckets of the followed channels, and those the connection LISTENs to.
+        self._wanted_buckets: frozenset[int] = frozenset()
+        self._listening: frozenset[int] = frozenset()
+        #: A wanted notification arrived while a change of buckets was waited for.
+        self._heard_wanted = False
 
     def open(self) -> None:
         self._connect()
@@ -300,8 +321,11 @@ class NotifyHint(WakeHint):
     def detail(self) -> str:
         channel = notify_channel_name(self.table.name)
         if self.healthy:
-            return f"LISTEN {channel} ({self.liveness.describe()})"
-        return f"LISTEN {channel} down; table polled every {self.settings.polling_interval:g} s"
+            return (
+                f"LISTEN {channel}_* ({len(self._listening)} of {NOTIFY_BUCKETS} buckets; "
+                f"{self.liveness.describe()})"
+            )
+        return f"LISTEN {channel}_* down; table polled every {self.settings.polling_interval:g} s"
 
     def fileno(self) -> int | None:
         return self._fd if self._conn is not None else None
@@ -326,6 +350,9 @@ class NotifyHint(WakeHint):
             # Down: the table is polled instead. Just back: what was sent while nobody was
             # listening is found by this poll.
             return True
+        if self._heard_wanted:
+            self._heard_wanted = False
+            return True
         try:
             self.liveness.check()
             if self.liveness.due():
@@ -335,6 +362,17 @@ class NotifyHint(WakeHint):
             self._lost(exc)
             return True
         return False
+
+    def follow(self, hashes: frozenset[int]) -> None:
+        self._wanted_buckets = frozenset(notify_bucket(h) for h in hashes)
+        if self._conn is None or self._wanted_buckets == self._listening:
+            return
+        try:
+            self._listen(self._wanted_buckets)
+        except Exception as exc:
+            # The listener's read after this covers what the new buckets would have said;
+            # until the connection is back, the table is polled.
+            self._lost(exc)
 
     def close(self) -> None:
         self._close_conn()
@@ -346,6 +384,13 @@ class NotifyHint(WakeHint):
         if pgconn.status != psycopg.pq.ConnStatus.OK:
             message = pgconn.get_error_message() or "the LISTEN connection closed"
             raise psycopg.OperationalError(message)
+        wanted = self._take_notifies(pgconn)
+        if self.liveness.sent_at is not None:
+            # The self-NOTIFY's own result: complete once libpq has all of it.
+            self._take_results(pgconn, ping=True)
+        return wanted
+
+    def _take_notifies(self, pgconn: Any) -> bool:
         wanted = False
         while (note := pgconn.notifies()) is not None:
             self.liveness.heard()
@@ -353,17 +398,65 @@ class NotifyHint(WakeHint):
             if payload != PING_PAYLOAD and self._wanted(payload):
                 self.wakes += 1
                 wanted = True
-        if self.liveness.sent_at is not None:
-            # The self-NOTIFY's own result: complete once libpq has all of it.
-            while not pgconn.is_busy():
-                result = pgconn.get_result()
-                if result is None:
-                    self.liveness.answered()
-                    break
-                if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
-                    message = result.error_message.decode("utf-8", "replace")
-                    raise psycopg.OperationalError(f"self-NOTIFY failed: {message}")
         return wanted
+
+    def _take_results(self, pgconn: Any, *, ping: bool) -> bool:
+        """Read the results libpq has of the statement in flight (the self-NOTIFY if
+        ``ping``); True once all of them were read."""
+        psycopg = self._psycopg
+        ok = psycopg.pq.ExecStatus.TUPLES_OK if ping else psycopg.pq.ExecStatus.COMMAND_OK
+        while not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:
+                if ping:
+                    self.liveness.answered()
+                return True
+            if result.status != ok:
+                message = result.error_message.decode("utf-8", "replace")
+                what = "self-NOTIFY" if ping else "LISTEN"
+                raise psycopg.OperationalError(f"{what} failed: {message}")
+        return False
+
+    def _listen(self, buckets: frozenset[int]) -> None:
+        """LISTEN to ``buckets`` and UNLISTEN the others, waiting for the server's answer
+        (notifications that arrive meanwhile are kept as a wake-up for :meth:`check`)."""
+        psycopg = self._psycopg
+        pgconn = self._conn.pgconn
+        name = notify_channel_name(self.table.name)
+        quote = self._psycopg.sql.Identifier
+        commands = [
+            b"LISTEN " + quote(f"{name}_{b:02x}").as_bytes(self._conn)
+            for b in sorted(buckets - self._listening)
+        ] + [
+            b"UNLISTEN " + quote(f"{name}_{b:02x}").as_bytes(self._conn)
+            for b in sorted(self._listening - buckets)
+        ]
+        deadline = time.monotonic() + self.PING_TIMEOUT
+        ping = self.liveness.sent_at is not None
+        pgconn.send_query(b"; ".join(commands))
+        while pgconn.flush():
+            self._wait_socket(deadline, write=True)
+        while True:
+            pgconn.consume_input()
+            if pgconn.status != psycopg.pq.ConnStatus.OK:
+                message = pgconn.get_error_message() or "the LISTEN connection closed"
+                raise psycopg.OperationalError(message)
+            if self._take_notifies(pgconn):
+                self._heard_wanted = True
+            if ping and self._take_results(pgconn, ping=True):
+                ping = False
+            if not ping and self._take_results(pgconn, ping=False):
+                break
+            self._wait_socket(deadline)
+        self._listening = buckets
+
+    def _wait_socket(self, deadline: float, *, write: bool = False) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the LISTEN connection did not answer in {self.PING_TIMEOUT:g} s")
+        fd = self._fd
+        assert fd is not None
+        _select.select([] if write else [fd], [fd] if write else [], [], left)
 
     def _connect(self) -> None:
         try:
@@ -386,8 +479,13 @@ class NotifyHint(WakeHint):
                     .format(sql.Literal(name), sql.Literal(PING_PAYLOAD))
                     .as_bytes(conn)
                 )
-                fd = conn.fileno()
+                self._conn, self._fd = conn, conn.fileno()
+                self._listening = frozenset()
+                self.liveness.reset()
+                if self._wanted_buckets:
+                    self._listen(self._wanted_buckets)
             except BaseException:
+                self._conn, self._fd = None, None
                 close_quietly(conn)
                 raise
         except Exception as exc:
@@ -395,8 +493,6 @@ class NotifyHint(WakeHint):
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, self.RETRY_MAX)
             return
-        self._conn, self._fd = conn, fd
-        self.liveness.reset()
         self.healthy = True
         self._backoff = self.RETRY_FIRST
         if self._connected_before:
@@ -419,6 +515,8 @@ class NotifyHint(WakeHint):
         conn, self._conn, self._fd = self._conn, None, None
         self.healthy = False
         self.liveness.sent_at = None
+        self._listening = frozenset()
+        self._heard_wanted = False
         if conn is not None:
             close_quietly(conn)
 
@@ -439,6 +537,12 @@ class AdaptivePollHint(WakeHint):
     waits about 10 ms instead of 20. Measured on the benchmark machine: the idle subscriber
     went from 1.44 to 0.06 % of a core, the server from 1.07 to 1.40 % (its 50 reads a second
     against the 25 polls they replace).
+
+    The wait reads the newest id of the channels this process follows (up to 32 of them, one
+    index step each), not of the table: in a fleet where each process follows its own
+    channels, another process's busy channel neither answers this process's wait nor starts
+    its busy polling. When the followed channels change while a wait is out, the timer polls
+    until that wait is answered, then a wait for the new ones is sent.
 
     A commit that fills an open gap (an id the listener passed while its transaction was
     still open) does not move ``MAX(id)``: while gaps are open the listener polls on the
@@ -476,6 +580,11 @@ class AdaptivePollHint(WakeHint):
         #: The last poll found the listener idle: nothing read, nothing pending, at the idle
         #: pace, something followed.
         self._idle = False
+        #: The followed channel hashes the server wait asks about.
+        self._hashes: tuple[int, ...] = ()
+        #: The wait in flight asks about channels no longer the followed ones: the timer
+        #: polls until it is answered, then a wait for the right ones is sent.
+        self._stale = False
 
     def _slowest(self) -> float:
         return max(self._fast, min(self.settings.polling_interval, self.CEILING))
@@ -517,6 +626,9 @@ class AdaptivePollHint(WakeHint):
             self._wait_failed(exc)
             return True
         self._backoff = self.RETRY_FIRST
+        if self._stale:
+            self._stale, self._newest = False, -1
+            return True
         moved, self._newest = newest != self._newest, newest
         if moved:
             self.wakes += 1
@@ -543,9 +655,26 @@ class AdaptivePollHint(WakeHint):
             self._interval = self._fast
         elif now - self._last_rows > self.ACTIVE_WINDOW:
             self._interval = min(self._interval * 1.5, self._slowest())
-        self._idle = not rows and self._interval >= self._slowest() and not gaps and following
+        self._idle = (
+            not rows
+            and self._interval >= self._slowest()
+            and not gaps
+            and following
+            and not self._stale
+        )
         if self._idle and not self._waiting():
             self._start_wait()
+
+    def follow(self, hashes: frozenset[int]) -> None:
+        hashes_ = tuple(sorted(hashes))
+        if hashes_ == self._hashes:
+            return
+        self._hashes = hashes_
+        # The newest id of other channels means nothing to the next wait.
+        self._newest = -1
+        if self._waiting():
+            self._stale = True
+            self._idle = False
 
     def _start_wait(self) -> None:
         if not self._can_wait or time.monotonic() < self._retry_at:
@@ -556,7 +685,7 @@ class AdaptivePollHint(WakeHint):
                 if self._wait is None:
                     self._can_wait = False
                     return
-            self._wait.send(self._newest)
+            self._wait.send(self._newest, self._hashes)
         except Exception as exc:
             self._wait_failed(exc)
 
@@ -593,6 +722,7 @@ class AdaptivePollHint(WakeHint):
         self._close_wait()
 
     def _close_wait(self) -> None:
+        self._stale = False
         wait, self._wait = self._wait, None
         if wait is not None:
             wait.close()
