@@ -4,8 +4,8 @@
 
 Commands: ``sub CHANNEL`` and ``unsub CHANNEL`` (each answered ``OK``), ``stats`` (answered
 ``STATS <json>`` with the listener's polls, wakes, rows read and how it waits), ``quit``.
-At start it prints ``TID <id>``, the kernel's id of its listener thread, then ``READY``. Every delivered message
-is a line ``MSG <channel> <payload>``.
+At start it prints ``TID <id>``, the kernel's id of its listener thread, then ``READY``.
+Every delivered message is a line ``MSG <channel> <payload>``.
 """
 
 from __future__ import annotations
