@@ -122,6 +122,11 @@ class WakeHint:
         log.warning("firm-channel %s wake hint failed, polling instead: %s", self.mode, exc)
 
 
+#: SQLite: a change of data_version is checked against the newest id of at most this many
+#: followed channels before the listener polls.
+MAX_PROBE_HASHES = 32
+
+
 class DataVersionHint(WakeHint):
     """SQLite: ``PRAGMA data_version`` on a dedicated connection moves on every commit made by
     any other connection, in any process, and costs microseconds to read.
@@ -132,6 +137,12 @@ class DataVersionHint(WakeHint):
     watch is lost, data_version is read every millisecond while messages flow (for a second
     after the last one) and every 20 ms when idle: each read costs a thread wake-up and a
     shared lock, so about 50 reads a second keep an idle subscriber near 1 % of a core.
+
+    Every process sees every commit, whatever its channel. Before it wakes the listener for
+    one, the hint reads the newest id of the followed channels (one index step each) and
+    lets a commit that did not move it go: in a fleet where each process follows its own
+    channels, another process's message costs a data_version read and that one statement,
+    not a poll.
     """
 
     mode = "data_version"
@@ -154,6 +165,11 @@ class DataVersionHint(WakeHint):
         #: publishes a commit (its WAL index header) just after its last file write.
         self._recheck = 0.0
         self._watched: str | None = None
+        #: The followed channel hashes, the statement that reads their newest id, and the
+        #: answer it gave last (None: unknown, the next change of data_version polls).
+        self._hashes: tuple[int, ...] = ()
+        self._probe_sql: str | None = None
+        self._newest: int | None = None
 
     def open(self) -> None:
         try:
@@ -249,8 +265,39 @@ class DataVersionHint(WakeHint):
             return False
         self._recheck = 0.0
         self._version = version
+        if not self._followed_moved():
+            return False
         self.wakes += 1
         return True
+
+    def _followed_moved(self) -> bool:
+        """Whether a commit may concern this process: the newest id of its followed channels
+        moved (SQLite commits in id order, so a new row of theirs always moves it). One
+        index step per channel on the hint's connection, where a poll costs the listener
+        several times more; up to MAX_PROBE_HASHES channels, else every commit polls."""
+        if self._probe_sql is None:
+            return True
+        try:
+            self._cursor.execute(self._probe_sql, self._hashes)
+            newest = int(self._cursor.fetchone()[0])
+        except Exception:  # noqa: BLE001 - a missing table, say: the poll reports it
+            self._newest = None
+            return True
+        moved, self._newest = newest != self._newest, newest
+        return moved
+
+    def follow(self, hashes: frozenset[int]) -> None:
+        self._hashes = tuple(sorted(hashes))
+        self._newest = None
+        if not 0 < len(self._hashes) <= MAX_PROBE_HASHES or self.dialect is None:
+            self._probe_sql = None
+            return
+        name = self.engine.dialect.identifier_preparer.format_table(self.table)
+        newest = ", ".join(
+            f"coalesce((SELECT max(id) FROM {name} WHERE channel_hash = ?), 0)"
+            for _ in self._hashes
+        )
+        self._probe_sql = f"SELECT max({newest}, 0)"
 
     def activity(self, rows: int, *, gaps: int = 0, following: bool = True) -> None:
         if rows:
