@@ -5,12 +5,17 @@
 # exits non-zero if any run failed. Each run's log is kept in the directory printed first.
 #
 #   bash scripts/soak-suite.sh 5            # five runs on a quiet machine
-#   bash scripts/soak-suite.sh --burn 5     # five runs with every core busy
+#   bash scripts/soak-suite.sh 5 --burn     # five runs with every core busy
 set -euo pipefail
 
-burn=false
-if [ "${1:-}" = "--burn" ]; then burn=true; shift; fi
-runs="${1:?usage: soak-suite.sh [--burn] N}"
+burn=false runs=""
+for arg in "$@"; do
+    case "$arg" in
+        --burn) burn=true ;;
+        *) runs="$arg" ;;
+    esac
+done
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "usage: soak-suite.sh N [--burn]" >&2; exit 2; }
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="$(mktemp -d /tmp/firm-channel-soak.XXXXXX)"
