@@ -7,5 +7,8 @@ Run it from the repository root with ``python -m bench`` (``--help`` for options
 ``runner`` (the command and the interleaved rounds) → ``measure`` (one function per scenario)
 → ``worker`` (one contender in one process) → ``contenders`` (set-up and the adapters);
 ``metrics``, ``report``, ``plot`` and ``machine`` turn the raw rounds into the published page.
+
+``python -m bench.fleet``: K listening processes on one database (``fleet`` → ``fleet_measure``
+→ the same ``worker``; ``proccpu`` reads process and server CPU from ``/proc``; ``fleet_report``).
 Kept light on purpose: worker processes import this package.
 """

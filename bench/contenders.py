@@ -327,21 +327,21 @@ class RedisAdapter:
 
         self.r = redis.Redis(host=REDIS_HOST, port=REDIS_PORT)
         self.r.ping()
-        self.pubsub: Any = None
-        self.thread: Any = None
+        # One connection and thread per subscription, so subscribing twice delivers twice.
+        self.subs: list[tuple[Any, Any]] = []
 
     def subscribe(self, channel: str, cb: Callback) -> None:
-        self.pubsub = self.r.pubsub()
-        self.pubsub.subscribe(**{channel: lambda m: cb(m["data"])})
+        pubsub = self.r.pubsub()
+        pubsub.subscribe(**{channel: lambda m: cb(m["data"])})
         # Wait for the server's confirmation so no message races the subscription.
         for _ in range(50):
-            msg = self.pubsub.get_message(timeout=0.2)
+            msg = pubsub.get_message(timeout=0.2)
             if msg and msg["type"] == "subscribe":
                 break
         else:
             raise RuntimeError("redis subscription not confirmed")
         # get_message blocks on the socket for up to sleep_time, so an idle listener sleeps.
-        self.thread = self.pubsub.run_in_thread(sleep_time=1.0, daemon=True)
+        self.subs.append((pubsub, pubsub.run_in_thread(sleep_time=1.0, daemon=True)))
 
     def broadcast(self, channel: str, payload: bytes) -> None:
         self.r.publish(channel, payload)
@@ -356,11 +356,10 @@ class RedisAdapter:
         return {}
 
     def close(self) -> None:
-        if self.thread is not None:
-            self.thread.stop()
-            self.thread.join(3)
-        if self.pubsub is not None:
-            self.pubsub.close()
+        for pubsub, thread in self.subs:
+            thread.stop()
+            thread.join(3)
+            pubsub.close()
         self.r.close()
 
 
@@ -372,26 +371,35 @@ class PgNotifyAdapter:
 
         self.psycopg = psycopg
         self.dsn = dsn
-        self.pub = psycopg.connect(dsn, autocommit=True)
-        self.sub: Any = None
-        self.thread: threading.Thread | None = None
+        self._pub: Any = None
+        # One connection and thread per subscription, so subscribing twice delivers twice.
+        self.subs: list[tuple[Any, threading.Thread]] = []
         self.stop = threading.Event()
 
     def subscribe(self, channel: str, cb: Callback) -> None:
         from psycopg import sql
 
-        self.sub = self.psycopg.connect(self.dsn, autocommit=True)
-        self.sub.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        sub = self.psycopg.connect(self.dsn, autocommit=True)
+        sub.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
         def run() -> None:
             while not self.stop.is_set():
-                for n in self.sub.notifies(timeout=0.5):
+                for n in sub.notifies(timeout=0.5):
                     cb(n.payload.encode())
                     if self.stop.is_set():
                         break
 
-        self.thread = threading.Thread(target=run, name="pg-listen", daemon=True)
-        self.thread.start()
+        thread = threading.Thread(target=run, name="pg-listen", daemon=True)
+        thread.start()
+        self.subs.append((sub, thread))
+
+    @property
+    def pub(self) -> Any:
+        """The publishing connection, opened on first use: a process that only listens
+        holds one connection, not two (the fleet benchmark runs dozens)."""
+        if self._pub is None:
+            self._pub = self.psycopg.connect(self.dsn, autocommit=True)
+        return self._pub
 
     def broadcast(self, channel: str, payload: bytes) -> None:
         self.pub.execute("SELECT pg_notify(%s, %s)", (channel, payload.decode()))
@@ -405,11 +413,11 @@ class PgNotifyAdapter:
 
     def close(self) -> None:
         self.stop.set()
-        if self.thread is not None:
-            self.thread.join(3)
-        if self.sub is not None:
-            self.sub.close()
-        self.pub.close()
+        for sub, thread in self.subs:
+            thread.join(3)
+            sub.close()
+        if self._pub is not None:
+            self._pub.close()
 
 
 class FloorAdapter:

@@ -85,6 +85,19 @@ class TableCounter:
         finally:
             cur.close()
 
+    def global_selects(self) -> int | None:
+        """MariaDB: ``Com_select`` of the whole server (every session's SELECTs, this
+        counter's own included), for want of a per-table statement count; None elsewhere."""
+        if self.backend == "postgres":
+            return None
+        cur = self.conn.cursor()
+        try:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Com_select'")
+            row = cur.fetchone()
+            return int(row[1]) if row else None
+        finally:
+            cur.close()
+
     def wait_moved(self, before: dict[str, int], timeout: float = 15.0) -> dict[str, int]:
         """The counters once any of them differs from ``before`` (or at the deadline)."""
         deadline = time.monotonic() + timeout

@@ -9,8 +9,10 @@ Commands (tuples) and replies (dicts):
 - ``("collect", expected, timeout[, "calls"])`` — wait (bounded) until ``expected`` distinct
   messages (with ``"calls"``: callback calls, for loops that send one payload over and over)
   arrived since the mark, then report latencies, duplicates, CPU and rows read for the window.
-- ``("send", channel, n, gap_min, gap_max, rate, max_seconds)`` — paced broadcasts, each payload
-  stamped with its sequence number and send time.
+- ``("send", channel, n, gap_min, gap_max, rate, max_seconds[, first_seq])`` — paced broadcasts,
+  each payload stamped with its sequence number (from ``first_seq``, default 0) and send time;
+  ``channel`` may be a list, then message ``seq`` goes to ``channel[seq % len(channel)]``.
+- ``("seen",)`` — the sequence numbers received since the mark, sorted, and the duplicates.
 - ``("throughput", channel, n)`` / ``("many", channel, n, batch)`` — timed publish loops.
 - ``("fill", channel, n, batch)`` — exactly ``n`` messages through ``broadcast_many``.
 - ``("close",)``.
@@ -138,9 +140,14 @@ def main(spec: dict[str, Any], conn: Any) -> None:
                             "stats_after": st,
                         }
                     )
+            elif op == "seen":
+                with rec.lock:
+                    conn.send({"seen": sorted(rec.seen), "dups": rec.dups, "foreign": rec.foreign})
             elif op == "send":
-                _, channel, n, gap_min, gap_max, rate, max_seconds = cmd
-                conn.send(paced_send(adapter, channel, n, gap_min, gap_max, rate, max_seconds))
+                _, channel, n, gap_min, gap_max, rate, max_seconds, *first = cmd
+                conn.send(
+                    paced_send(adapter, channel, n, gap_min, gap_max, rate, max_seconds, *first[:1])
+                )
             elif op == "throughput":
                 _, channel, n, max_seconds = cmd
                 conn.send(timed_loop(adapter, channel, n, 1, max_seconds))
@@ -166,21 +173,25 @@ def main(spec: dict[str, Any], conn: Any) -> None:
 
 def paced_send(
     adapter: Any,
-    channel: str,
+    channel: str | list[str],
     n: int,
     gap_min: float,
     gap_max: float,
     rate: float | None,
     max_seconds: float,
+    first_seq: int = 0,
 ) -> dict[str, Any]:
     """Send ``n`` messages: random gaps in [gap_min, gap_max], or on a ``rate``-per-second
-    schedule (catching up without sleeping when behind). Stops early at ``max_seconds``."""
+    schedule (catching up without sleeping when behind). Stops early at ``max_seconds``.
+    With a list of channels, message ``seq`` goes to ``channel[seq % len(channel)]``."""
+    channels = [channel] if isinstance(channel, str) else list(channel)
     rng = random.Random(1234)
     start = time.monotonic()
     next_at = start
     sent = errors = 0
+    failed: list[int] = []
     call_ms: list[float] = []
-    for seq in range(n):
+    for seq in range(first_seq, first_seq + n):
         now = time.monotonic()
         if now - start > max_seconds:
             break
@@ -188,16 +199,18 @@ def paced_send(
             time.sleep(next_at - now)
         try:
             t0 = time.perf_counter()
-            adapter.broadcast(channel, make_payload(seq))
+            adapter.broadcast(channels[seq % len(channels)], make_payload(seq))
             call_ms.append((time.perf_counter() - t0) * 1000.0)
             sent += 1
         except Exception:  # noqa: BLE001 — counted, reported
             errors += 1
+            failed.append(seq)
         next_at += (1.0 / rate) if rate else rng.uniform(gap_min, gap_max)
     call_ms.sort()
     return {
         "sent": sent,
         "errors": errors,
+        "failed": failed,
         "elapsed": time.monotonic() - start,
         "call_p50_ms": call_ms[len(call_ms) // 2] if call_ms else None,
     }
