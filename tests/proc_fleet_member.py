@@ -57,6 +57,7 @@ def main(url: str, table_name: str) -> int:
                     "polls": health.polls,
                     "wakes": health.wakes,
                     "rows": health.rows_read,
+                    "carried": health.carried,
                     "detail": health.wake_detail,
                 }
                 say(f"STATS {json.dumps(stats)}")

@@ -166,7 +166,10 @@ def finish(
 @pytest.mark.parametrize("which", ["poll", "listen", "both"])
 def test_postgres_terminate_listener_backends(setup: Setup, which: str) -> None:
     s = setup
-    sub = s.subscriber()
+    # The table is read at least every 0.2 s: on PostgreSQL the NOTIFYs carry these
+    # messages, so without the safety poll a cut reading connection would be found only
+    # seconds later.
+    sub = s.subscriber("--safety-interval", "0.2")
     bc = s.broadcaster().start()
     stream_until(sub, 20)
 
@@ -446,7 +449,9 @@ def test_unexpected_error_in_listener_loop(setup: Setup, base: bool) -> None:
     """An error inside the listener loop, an ``Exception`` or a ``BaseException`` that
     escapes it: the thread carries on from the same position, logged and counted."""
     s = setup
-    sub = s.subscriber()
+    # Reads of the table at least every 0.2 s, where the faults are injected (on PostgreSQL
+    # the NOTIFYs carry these messages without a read).
+    sub = s.subscriber("--safety-interval", "0.2")
     bc = s.broadcaster().start()
     stream_until(sub, 10)
     fault_at = time.time()

@@ -129,7 +129,9 @@ def test_the_restart_delay_starts_short_again_after_a_healthy_stretch(
 
     monkeypatch.setattr(listener_module, "RESTART_BACKOFF_RESET", 0.5)
     caplog.set_level(logging.ERROR, logger="flask_firm_channel")
-    listening = make_pubsub(auto_trim=False, polling_interval=0.05)
+    # Every message read from the table (on PostgreSQL a NOTIFY would carry it past the
+    # injected read fault).
+    listening = make_pubsub(auto_trim=False, polling_interval=0.05, wake_hints=False)
     publisher = make_pubsub(auto_trim=False)
     received: list[bytes] = []
     listening.subscribe("reset", received.append)

@@ -470,6 +470,8 @@ def test_listen_connection_that_cannot_come_back_falls_back_to_polling(
         received: list[bytes] = []
         pubsub.subscribe("outage", received.append)
         wait_healthy(pubsub)
+        # The listener's own connection is open once it has read the table.
+        wait_for(lambda: pubsub.health().polls >= 1)
         listening = wait_for(lambda: _listen_backends(engine, table), timeout=5)
         with engine.begin() as conn:
             # Connections already open stay; no new one is let in (a superuser is not limited,

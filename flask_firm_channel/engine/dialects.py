@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import select as _select
+from base64 import b64decode, b64encode
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import (
@@ -85,9 +87,11 @@ class Dialect:
         """Whether :meth:`insert_statement` yields the id as a row (else ``lastrowid``)."""
         return False
 
-    def notify_params(self, table: Table, channel_hash: int) -> dict[str, Any]:
-        """The extra parameters of :meth:`insert_statement` with ``notify`` for a row of
-        the channel with ``channel_hash`` (always the same keys, in the same order)."""
+    def notify_params(
+        self, table: Table, channel_hash: int, channel: bytes, payload: bytes, created_at: datetime
+    ) -> dict[str, Any]:
+        """The extra parameters of :meth:`insert_statement` with ``notify`` for a row
+        (always the same keys, in the same order)."""
         return {}
 
     def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
@@ -326,10 +330,13 @@ class PostgreSQLDialect(Dialect):
         # notify_channel_name), which only listeners following a channel of that bucket
         # LISTEN to, and carries the channel hash, which lets them ignore the bucket's
         # other channels.
-        inserted = ins.returning(table.c.id, table.c.channel_hash).cte("firm_channel_insert")
+        inserted = ins.returning(table.c.id).cte("firm_channel_insert")
         return select(
             inserted.c.id,
-            func.pg_notify(bindparam("p_notify", type_=Text), cast(inserted.c.channel_hash, Text)),
+            func.pg_notify(
+                bindparam("p_notify", type_=Text),
+                cast(inserted.c.id, Text).concat(bindparam("p_note", type_=Text)),
+            ),
         )
 
     def returns_id(self, *, notify: bool) -> bool:
@@ -349,8 +356,13 @@ class PostgreSQLDialect(Dialect):
             if not cursor.nextset():
                 return ids
 
-    def notify_params(self, table: Table, channel_hash: int) -> dict[str, Any]:
-        return {"p_notify": notify_channel_name(table.name, channel_hash)}
+    def notify_params(
+        self, table: Table, channel_hash: int, channel: bytes, payload: bytes, created_at: datetime
+    ) -> dict[str, Any]:
+        return {
+            "p_notify": _bucket_channel(table.name, channel_hash),
+            "p_note": notify_note(channel_hash, channel, payload, created_at),
+        }
 
     def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
         return stmt.with_for_update(skip_locked=True)
@@ -620,6 +632,49 @@ NOTIFY_BUCKETS = 256
 def notify_bucket(channel_hash: int) -> int:
     """The NOTIFY bucket of a channel hash: its low byte (0-255, negative hashes too)."""
     return channel_hash & (NOTIFY_BUCKETS - 1)
+
+
+#: The largest NOTIFY payload PostgreSQL takes is 7,999 bytes; a message whose envelope
+#: (:func:`notify_note`) would be longer is notified without its channel and payload.
+NOTIFY_PAYLOAD_LIMIT = 7999
+_EPOCH = datetime(1970, 1, 1)
+
+
+def notify_note(channel_hash: int, channel: bytes, payload: bytes, created_at: datetime) -> str:
+    """What a broadcast's NOTIFY says after its id (which the statement puts first):
+    `` <hash> <created_at in microseconds> <channel> <payload>``, the last two in base64, so a
+    listener can deliver the message without reading the table; only `` <hash>`` when that
+    would not fit in a NOTIFY (see :func:`parse_note`)."""
+    micros = (created_at - _EPOCH) // _MICROSECOND
+    note = (
+        f" {channel_hash} {micros} {b64encode(channel).decode('ascii')} "
+        f"{b64encode(payload).decode('ascii')}"
+    )
+    # 20: the longest id in digits, which the statement puts in front.
+    return note if len(note) + 20 <= NOTIFY_PAYLOAD_LIMIT else f" {channel_hash}"
+
+
+def parse_note(note: bytes) -> tuple[int | None, int, tuple[bytes, bytes, datetime] | None]:
+    """A NOTIFY's id, channel hash and, if it carries them, (channel, payload, created_at).
+    Raises ValueError for a payload in no format of ours. A NOTIFY of an earlier release
+    carries only the hash (no id)."""
+    parts = note.split(b" ")
+    if len(parts) == 1:
+        return None, int(parts[0]), None
+    msg_id, hash_ = int(parts[0]), int(parts[1])
+    if len(parts) == 2:
+        return msg_id, hash_, None
+    _, _, micros, channel, payload = parts
+    created_at = _EPOCH + timedelta(microseconds=int(micros))
+    return msg_id, hash_, (b64decode(channel), b64decode(payload), created_at)
+
+
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@lru_cache(maxsize=4096)
+def _bucket_channel(table_name: str, channel_hash: int) -> str:
+    return notify_channel_name(table_name, channel_hash)
 
 
 def notify_channel_name(table_name: str, channel_hash: int | None = None) -> str:

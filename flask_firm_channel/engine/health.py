@@ -23,6 +23,9 @@ class ListenerHealth:
     wake_detail: str = ""
     polls: int = 0
     rows_read: int = 0
+    #: Messages delivered from what the wake hint carried (PostgreSQL's NOTIFY), without
+    #: reading the table.
+    carried: int = 0
     delivered: int = 0
     #: Subscriber callbacks that raised (each logged with its channel and message id).
     subscriber_errors: int = 0
@@ -37,7 +40,8 @@ class ListenerHealth:
     restarts: int = 0
     last_error: str | None = None
     last_error_at: float | None = None
-    #: When the last poll that reached the table succeeded (epoch seconds).
+    #: When the listener last took what was new successfully (epoch seconds): a read of the
+    #: table, or, on PostgreSQL, the messages its NOTIFYs carried.
     last_poll_at: float | None = None
     #: Seconds from a message's ``created_at`` to its dispatch, for the latest message.
     lag: float | None = None

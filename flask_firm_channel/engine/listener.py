@@ -17,6 +17,13 @@ assumption of the design. SQLite serialises writers, so there commit order is id
 A channel followed from a given id on has a *floor*: its rows at or below it concern none of
 its subscriptions, so they are never read, and the high-water mark jumps over ids that concern
 no subscription at all. Subscribing after an hour without subscribers reads nothing of that hour.
+
+On PostgreSQL a message small enough travels in its NOTIFY. While the LISTEN connection has
+stayed up since the last read of the table, PostgreSQL notifies every commit on a followed
+channel, in commit order, so those messages are all there is: they go through the same steps
+as rows read (high-water mark, gaps, anchors) without a read (:meth:`Listener.deliver_carried`).
+Anything else (a large message, a reconnection, a change of channels, a subscription catching
+up or resuming) reads the table as above.
 """
 
 from __future__ import annotations
@@ -120,6 +127,11 @@ class Listener:
         self._followed_sorted: tuple[int, ...] = ()
         #: The followed hashes the wake hint was last told of.
         self._hinted: frozenset[int] | None = None
+        #: The hint's epoch and the subscriptions' version at the start of the last read
+        #: of the table that succeeded (None: the last one failed, or none yet): what the
+        #: hint carries since is all there is only while both are unchanged.
+        self._covered_epoch: int | None = None
+        self._covered_version = -1
         #: Bumped whenever this thread moves a subscription's anchor: with the snapshot's
         #: version, it says when the anchors :meth:`_follow` last looked at may have changed.
         self._anchor_epoch = 0
@@ -241,6 +253,7 @@ class Listener:
 
     def _restarted(self, exc: BaseException, backoff: float) -> None:
         self._more = False
+        self._covered_epoch = None
         self._health.errors += 1
         self._health.restarts += 1
         self._health.last_error = f"{type(exc).__name__}: {exc}"
@@ -282,7 +295,7 @@ class Listener:
                     if spacing > 0:
                         time.sleep(spacing)
                 forced, self._forced = self._forced, False
-                rows = -1
+                rows, polled = -1, False
                 with self._busy:
                     hinted = self._hint.readable() if readable else False
                     checked = self._hint.check()
@@ -294,14 +307,20 @@ class Listener:
                     or time.monotonic() >= next_safety_poll
                 )
                 if due:
-                    rows = self.poll()
+                    if hinted and not (forced or self._more or checked):
+                        carried = self.deliver_carried()
+                        if carried is not None:
+                            rows = carried
+                    if rows < 0:
+                        rows, polled = self.poll(), True
                     last_poll, rows_last = time.monotonic(), rows > 0
                     self._hint.activity(rows, gaps=len(self._gaps), following=bool(self._followed))
                     rate_rows += rows
                     if last_poll - rate_since >= RATE_PERIOD:
                         batching = rate_rows >= BATCH_ABOVE * (last_poll - rate_since)
                         rate_since, rate_rows = last_poll, 0
-                if rows >= 0:
+                if polled:
+                    # Only a read of the table is a safety poll: carried messages are not.
                     pace = (
                         self._settings.safety_interval
                         if self._hint.healthy and self._hint.mode != "poll"
@@ -312,6 +331,7 @@ class Listener:
                 backoff = 0.0
             except Exception as exc:
                 self._more = False
+                self._covered_epoch = None
                 self._health.errors += 1
                 self._health.last_error = f"{type(exc).__name__}: {exc}"
                 self._health.last_error_at = time.time()
@@ -334,6 +354,7 @@ class Listener:
     def poll(self) -> int:
         """Read and dispatch what is new; return the number of rows read."""
         self._more = False
+        self._covered_epoch = None
         # Drained before the snapshot is taken, so every subscription caught up below is part
         # of the snapshot this poll reads with.
         self._starting.extend(self._registry.take_added())
@@ -355,6 +376,9 @@ class Listener:
         self._gaps.expire(now - self._settings.commit_grace)
         self._follow(snap)
         self._tell_hint()
+        # What the hint carried so far committed before the reads below: they find it.
+        self._hint.take_carried()
+        epoch = self._hint.epoch
         read = 0
         while self._starting:
             sub = self._starting[0]
@@ -362,12 +386,45 @@ class Listener:
                 read += self._start_subscription(sub)
             self._starting.pop(0)
         read += self._read_new()
+        self._covered_epoch, self._covered_version = epoch, snap.version
         self._health.polls += 1
         if read == 0:
             with self._busy:
                 self._check_for_reset()
         self._health.last_poll_at = time.time()
         return read
+
+    def deliver_carried(self) -> int | None:
+        """Deliver the messages the wake hint carried (PostgreSQL's NOTIFYs) without reading
+        the table; return how many, or None if they cannot stand in for a read: the hint
+        may have missed some since the last read (it reconnected or changed channels), one
+        came without its payload, subscriptions changed or are catching up.
+
+        Carried messages go through the same steps as rows read from the table: a message
+        above the high-water mark opens a gap below it (its other channels' ids read once,
+        as a poll would), a late commit fills its gap, and one already seen is not
+        delivered again. While the hint stays connected, every commit on a followed channel
+        is notified, in commit order, so nothing a read would find is missing."""
+        rows, uncarried = self._hint.take_carried()
+        if (
+            uncarried
+            or self._covered_epoch != self._hint.epoch
+            or self._high_water is None
+            or self._starting
+            or self._pending
+            or self._registry.snapshot().version != self._covered_version
+        ):
+            return None
+        hw = self._high_water
+        if any(row.id <= hw and not self._gaps.inside([row.id]) for row in rows):
+            # An id passed without a gap: read before, or the table went backwards (ids
+            # reset), which only a read of the table tells.
+            return None
+        self._gaps.expire(time.time() - self._settings.commit_grace)
+        self._take(rows)
+        self._health.carried += len(rows)
+        self._health.last_poll_at = time.time()
+        return len(rows)
 
     def _anchor(self, snap: Snapshot) -> None:
         max_id = self._reads.max_id() or 0
@@ -566,6 +623,12 @@ class Listener:
             cut = min(full)
             rows = [row for row in rows if row.id <= cut]
             self._more = True
+        self._take(rows)
+        return len(rows)
+
+    def _take(self, rows: list[Row]) -> None:
+        """Dispatch ``rows`` (read or carried, in the order found) and move the high-water
+        mark and the gaps past them."""
         hw = self._high_water
         assert hw is not None
         # Other channels' rows inside the gaps this batch opens are looked up before any
@@ -592,7 +655,6 @@ class Listener:
                 self._deliver(row, late=True)
             else:
                 self._deliver(row, late=None)
-        return len(rows)
 
     def _foreign_ids(self, fresh: list[tuple[int, int]]) -> set[int]:
         """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a
@@ -689,13 +751,14 @@ class Listener:
         try:
             sub.callback(value)
         except Exception:
-            self._health.subscriber_errors += 1
             log.exception(
                 "firm-channel consumer %r failed on channel %r, message %s",
                 sub.callback,
                 sub.channel,
                 msg_id if msg_id is not None else getattr(value, "id", "-"),
             )
+            # Counted once logged: whoever sees the count move finds the record.
+            self._health.subscriber_errors += 1
 
     # -- the table going backwards ----------------------------------------------------------
 

@@ -26,7 +26,9 @@ Row = tuple[bytes, bytes]
 _hash = lru_cache(maxsize=1024)(channel_hash)
 
 
-def _no_params(channel_hash: int) -> dict[str, Any]:
+def _no_params(
+    channel_hash: int, channel: bytes, payload: bytes, created_at: datetime
+) -> dict[str, Any]:
     return {}
 
 
@@ -46,10 +48,8 @@ class Publisher:
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._statement = dialect.insert_statement(table, notify=notify)
         self._returns_id = dialect.returns_id(notify=notify)
-        #: The NOTIFY's parameters by channel hash (its bucket's channel), kept per channel.
-        self._extra = (
-            lru_cache(maxsize=1024)(partial(dialect.notify_params, table)) if notify else _no_params
-        )
+        #: The NOTIFY's parameters of a row (PostgreSQL: its bucket's channel and its note).
+        self._extra = partial(dialect.notify_params, table) if notify else _no_params
         compiled = self._statement.compile(dialect=engine.dialect)
         self._sql = str(compiled)
         self._order: list[str] | None = (
@@ -59,7 +59,7 @@ class Publisher:
         # as a binary value as they are: their columns' bind processors would only wrap them
         # in the driver's Binary type (a copy, with PyMySQL). The channel hash is an int.
         self._created_at = dialect.datetime_binder(table.c.created_at.type)
-        extra_keys = list(self._extra(0))
+        extra_keys = list(self._extra(0, b"", b"", datetime(2000, 1, 1)))
         if self._order is not None and self._order != list(INSERT_PARAMS) + extra_keys:
             raise AssertionError(f"unexpected parameter order {self._order}")
 
@@ -70,7 +70,7 @@ class Publisher:
             "p_payload": payload,
             "p_channel_hash": hash_,
             "p_created_at": now,
-            **self._extra(hash_),
+            **self._extra(hash_, channel, payload, now),
         }
 
     def _driver_params(self, channel: bytes, payload: bytes, now: datetime) -> Any:
@@ -79,13 +79,19 @@ class Publisher:
         created: Any = now if self._created_at is None else self._created_at(now)
         hash_ = _hash(channel)
         if self._order is not None:
-            return (channel, payload, hash_, created, *self._extra(hash_).values())
+            return (
+                channel,
+                payload,
+                hash_,
+                created,
+                *self._extra(hash_, channel, payload, now).values(),
+            )
         return {
             "p_channel": channel,
             "p_payload": payload,
             "p_channel_hash": hash_,
             "p_created_at": created,
-            **self._extra(hash_),
+            **self._extra(hash_, channel, payload, now),
         }
 
     def publish(self, rows: Sequence[Row], connection: Connection | None = None) -> list[int]:

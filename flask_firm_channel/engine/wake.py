@@ -24,10 +24,11 @@ from typing import Any
 from sqlalchemy import Engine, Table
 
 from .connections import close_quietly, dedicated_connection
-from .dialects import NOTIFY_BUCKETS, Dialect, notify_bucket, notify_channel_name
+from .dialects import NOTIFY_BUCKETS, Dialect, notify_bucket, notify_channel_name, parse_note
 from .drivers import ServerWait
 from .filewatch import FileWatch
 from .liveness import PING_PAYLOAD, Liveness
+from .reads import Row
 from .settings import Settings
 
 log = logging.getLogger("flask_firm_channel")
@@ -49,6 +50,11 @@ class WakeHint:
     """No hint: poll the table every ``polling_interval`` (also the fallback of every hint)."""
 
     mode = "poll"
+    #: Moves whenever the hint may have missed a message it would have carried (it
+    #: reconnected, or started watching other channels): messages it carried are delivered
+    #: without reading the table only while this stays what it was at the listener's last
+    #: read of the table.
+    epoch = 0
 
     def __init__(
         self,
@@ -86,6 +92,12 @@ class WakeHint:
     def check(self) -> bool:
         """After any wake-up: return True to query the table now."""
         return True
+
+    def take_carried(self) -> tuple[list[Row], bool]:
+        """The followed channels' messages the hint carried since this was last called, in
+        the order they committed, and whether some message for this process came without
+        its payload (then only a read of the table delivers it)."""
+        return [], False
 
     def follow(self, hashes: frozenset[int]) -> None:
         """The channel hashes the listener follows from its next read of the table on.
@@ -331,6 +343,13 @@ class NotifyHint(WakeHint):
     messages. :meth:`follow` changes the buckets before the listener's next read of the table:
     what commits after the change is notified, what committed before it is read.
 
+    A NOTIFY carries its message's id, channel hash and, when they fit in PostgreSQL's 8,000
+    bytes, its ``created_at``, channel and payload (``dialects.notify_note``). The hint keeps
+    the followed ones (:meth:`take_carried`), and while it has been listening without a break
+    since the listener's last read of the table (:attr:`epoch`), the listener delivers them
+    without reading the table (``Listener.deliver_carried``). A message too large for its
+    NOTIFY, a reconnection or a change of buckets sends the listener back to the table.
+
     Notifications are read with libpq's own calls (``consume_input`` and ``notifies`` of
     psycopg's ``pgconn``): they never block, so the listener thread is never held here. Only
     a change of buckets waits for the server's answer (one round trip).
@@ -352,6 +371,7 @@ class NotifyHint(WakeHint):
         self.healthy = False
         self.liveness = Liveness(self.PING_AFTER, self.PING_TIMEOUT)
         self._ping_sql = b""
+        self._ping_bytes = PING_PAYLOAD.encode()
         self._psycopg: Any = None
         self._connected_before = False
         self._retry_at = 0.0
@@ -361,6 +381,9 @@ class NotifyHint(WakeHint):
         self._listening: frozenset[int] = frozenset()
         #: A wanted notification arrived while a change of buckets was waited for.
         self._heard_wanted = False
+        #: What the NOTIFYs carried since the listener last took it (see take_carried).
+        self._carried: list[Row] = []
+        self._uncarried = False
 
     def open(self) -> None:
         self._connect()
@@ -439,13 +462,32 @@ class NotifyHint(WakeHint):
 
     def _take_notifies(self, pgconn: Any) -> bool:
         wanted = False
+        ping = self._ping_bytes
         while (note := pgconn.notifies()) is not None:
             self.liveness.heard()
-            payload = note.extra.decode("utf-8", "replace")
-            if payload != PING_PAYLOAD and self._wanted(payload):
-                self.wakes += 1
-                wanted = True
+            if note.extra == ping:
+                continue
+            try:
+                msg_id, hash_, message = parse_note(note.extra)
+            except ValueError:
+                # Not ours (a NOTIFY sent by hand, say): read the table to be sure.
+                self._uncarried = wanted = True
+                continue
+            if not self.interested(hash_):
+                continue  # another channel of the same bucket
+            self.wakes += 1
+            wanted = True
+            if msg_id is None or message is None:
+                self._uncarried = True
+            else:
+                channel, payload, created_at = message
+                self._carried.append(Row(msg_id, channel, payload, created_at, 0))
         return wanted
+
+    def take_carried(self) -> tuple[list[Row], bool]:
+        carried, self._carried = self._carried, []
+        uncarried, self._uncarried = self._uncarried, False
+        return carried, uncarried
 
     def _take_results(self, pgconn: Any, *, ping: bool) -> bool:
         """Read the results libpq has of the statement in flight (the self-NOTIFY if
@@ -496,6 +538,7 @@ class NotifyHint(WakeHint):
                 break
             self._wait_socket(deadline)
         self._listening = buckets
+        self.epoch += 1
 
     def _wait_socket(self, deadline: float, *, write: bool = False) -> None:
         left = deadline - time.monotonic()
@@ -541,6 +584,7 @@ class NotifyHint(WakeHint):
             self._backoff = min(self._backoff * 2, self.RETRY_MAX)
             return
         self.healthy = True
+        self.epoch += 1
         self._backoff = self.RETRY_FIRST
         if self._connected_before:
             self.reconnects += 1
@@ -552,18 +596,14 @@ class NotifyHint(WakeHint):
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.RETRY_MAX)
 
-    def _wanted(self, payload: str) -> bool:
-        try:
-            return self.interested(int(payload))
-        except ValueError:
-            return True
-
     def _close_conn(self) -> None:
         conn, self._conn, self._fd = self._conn, None, None
         self.healthy = False
         self.liveness.sent_at = None
         self._listening = frozenset()
         self._heard_wanted = False
+        self._carried, self._uncarried = [], False
+        self.epoch += 1
         if conn is not None:
             close_quietly(conn)
 

@@ -1,0 +1,145 @@
+"""PostgreSQL: a message small enough travels in its NOTIFY, and a listener that has been
+listening without a break delivers it without reading the table. The table stays the truth
+for everything else: a large message, a LISTEN connection cut in the middle, racing commits,
+all delivered exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import sqlalchemy as sa
+
+from flask_firm_channel import PubSub, Settings
+from flask_firm_channel.engine.dialects import NOTIFY_PAYLOAD_LIMIT
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+APP = "fc-notify-delivery"
+
+
+@pytest.fixture
+def listening(db_url: str, table: sa.Table) -> Iterator[Callable[..., PubSub]]:
+    """``listening(**settings)``: a PubSub on an engine of its own, whose sessions carry the
+    application name ``APP``; closed (and its sessions gone) after."""
+    made: list[tuple[PubSub, sa.Engine]] = []
+
+    def make(**settings: object) -> PubSub:
+        engine = sa.create_engine(db_url, connect_args={"application_name": APP})
+        options = {"auto_trim": False, "heartbeat_interval": 0, **settings}
+        pubsub = PubSub(engine, table, Settings(**options))  # type: ignore[arg-type]
+        made.append((pubsub, engine))
+        return pubsub
+
+    yield make
+    for pubsub, engine in made:
+        pubsub.close()
+        engine.dispose()
+
+
+def sessions(engine: sa.Engine, query_like: str = "%") -> list[int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = :app AND query LIKE :q"
+            ),
+            {"app": APP, "q": query_like},
+        )
+        return [int(pid) for (pid,) in rows]
+
+
+def scans(engine: sa.Engine, table: sa.Table) -> int:
+    """Index and sequential scans of ``table``, as the server counts them."""
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+        row = conn.execute(
+            sa.text(
+                "SELECT coalesce(idx_scan, 0) + coalesce(seq_scan, 0) FROM pg_stat_user_tables"
+                " WHERE relid = to_regclass(:t)"
+            ),
+            {"t": table.name},
+        ).one()
+        return int(row[0])
+
+
+def test_a_listener_that_stays_connected_reads_nothing_for_small_messages(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: Callable[..., PubSub],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    before = scans(engine, table)
+    subscriber = listening(safety_interval=3600)
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    received: list[bytes] = []
+    subscriber.subscribe("room", received.append)
+    publisher.broadcast("room", "first")
+    wait_for(lambda: received == [b"first"])
+    count = 200
+    sent = [f"m{i}".encode() for i in range(count)]
+    for payload in sent:
+        publisher.broadcast("room", payload)
+    wait_for(lambda: len(received) == count + 1, timeout=30)
+    assert received == [b"first", *sent]
+    health = subscriber.health()
+    assert health.carried >= count
+    subscriber.close()
+    subscriber.engine.dispose()
+    # A session's counts reach the shared statistics when it ends.
+    wait_for(lambda: not sessions(engine), timeout=30)
+    read = scans(engine, table) - before
+    print(f"{count} messages delivered with {read} scans of the table, {health.polls} polls")
+    # The subscription's anchor and first read, and no more: never one per message.
+    assert read <= 5
+
+
+def test_large_messages_a_cut_listen_connection_and_racing_commits_lose_and_repeat_nothing(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: Callable[..., PubSub],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    subscriber = listening(safety_interval=3600)
+    received: list[bytes] = []
+    subscriber.subscribe("mixed", received.append)
+    wait_for(lambda: subscriber.health().polls >= 1 and subscriber.health().wake_healthy)
+    large = b"x" * NOTIFY_PAYLOAD_LIMIT  # its envelope cannot fit: the table carries it
+    per_broadcaster = 300
+    cut_at = threading.Event()
+
+    def broadcast(name: str) -> None:
+        publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+        for i in range(per_broadcaster):
+            body = large if i % 7 == 3 else b""
+            publisher.broadcast("mixed", f"{name}:{i}:".encode() + body)
+            if i == per_broadcaster // 2:
+                cut_at.set()
+
+    threads = [threading.Thread(target=broadcast, args=(n,), name=f"test-{n}") for n in "ab"]
+    for thread in threads:
+        thread.start()
+    assert cut_at.wait(60)
+    cut = sessions(engine, "LISTEN %")
+    assert cut, "no LISTEN session found"
+    with engine.connect() as conn:
+        for pid in cut:
+            conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    for thread in threads:
+        thread.join(120)
+    wait_for(lambda: len(received) >= 2 * per_broadcaster, timeout=60)
+    keys = [p.split(b":", 2)[0] + b":" + p.split(b":", 2)[1] for p in received]
+    assert len(keys) == len(set(keys)), "a message was delivered twice"
+    for name in (b"a", b"b"):
+        got = [int(k.split(b":")[1]) for k in keys if k.startswith(name + b":")]
+        assert got == list(range(per_broadcaster)), f"{name!r}: lost or out of order"
+    for payload in received:
+        if payload.endswith(b"x"):
+            assert payload.endswith(large)
+    health = subscriber.health()
+    assert health.wake_reconnects >= 1
+    assert 0 < health.carried < len(received), "some carried, the large ones read"
