@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "FIRM_CHANNEL_SQLITE_WAL": True,
     "FIRM_CHANNEL_LISTENER": True,
     "FIRM_CHANNEL_BIND_KEY": None,
+    "FIRM_CHANNEL_LISTEN_URL": None,
     "FIRM_CHANNEL_SSE_HEARTBEAT": 15.0,
     "FIRM_CHANNEL_SSE_RETRY": 3.0,
     "FIRM_CHANNEL_SSE_QUEUE_SIZE": 256,
@@ -55,6 +56,7 @@ _SETTING_FOR_KEY = {
     "FIRM_CHANNEL_BATCH_WINDOW": "batch_window",
     "FIRM_CHANNEL_SQLITE_WAL": "sqlite_wal",
     "FIRM_CHANNEL_HEARTBEAT_INTERVAL": "heartbeat_interval",
+    "FIRM_CHANNEL_LISTEN_URL": "listen_url",
 }
 
 

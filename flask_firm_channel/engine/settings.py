@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
 Duration = float | int | timedelta
 
 #: The longest duration accepted anywhere (100 years): longer ones overflow a thread's wait
@@ -72,6 +75,21 @@ def _flag(value: Any, name: str) -> bool:
     return value
 
 
+def _check_url(value: Any, name: str) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a database URL string or None, not {value!r}")
+    try:
+        url = make_url(value)
+    except ArgumentError as exc:
+        # Not echoed: it may hold a password.
+        raise ValueError(f"{name} is not a database URL (dialect://user@host/db)") from exc
+    if url.get_backend_name() != "postgresql":
+        raise ValueError(
+            f"{name} is for PostgreSQL's LISTEN (a direct connection past a pooler), "
+            f"not {url.get_backend_name()}: {url.render_as_string()}"
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """How one :class:`~flask_firm_channel.engine.PubSub` behaves.
@@ -109,6 +127,11 @@ class Settings:
     #: Seconds between the heartbeats a listening process stores for the admin console's
     #: process list (``heartbeat.py``); 0 sends none.
     heartbeat_interval: float = 0.0
+    #: PostgreSQL: the URL of a direct connection to the server for the listener's LISTEN,
+    #: when the app's own URL goes through a transaction-mode pooler (PgBouncer, RDS Proxy,
+    #: a managed pooler), where LISTEN receives nothing. ``None``: LISTEN on the app's URL
+    #: (a pooler is detected and the listener polls instead, saying so).
+    listen_url: str | None = None
     names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -141,6 +164,8 @@ class Settings:
         positive_int(self.max_payload_size, label("max_payload_size"), MAX_PAYLOAD_LIMIT)
         for name in ("auto_trim", "wake_hints", "sqlite_wal"):
             _flag(getattr(self, name), label(name))
+        if self.listen_url is not None:
+            _check_url(self.listen_url, label("listen_url"))
 
     def name_of(self, setting: str) -> str:
         """What ``setting`` is called where the user set it (its config key, say)."""

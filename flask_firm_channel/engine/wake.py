@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine, NullPool, Table, create_engine, func, select
 
 from .connections import close_quietly, dedicated_connection
 from .dialects import NOTIFY_BUCKETS, Dialect, notify_bucket, notify_channel_name, parse_note
@@ -360,6 +360,11 @@ class NotifyHint(WakeHint):
     #: to answer (a change of buckets too).
     PING_AFTER = 15.0
     PING_TIMEOUT = 5.0
+    #: After each connect, a NOTIFY sent through the app's own engine must reach the LISTEN
+    #: connection within this many seconds; behind a transaction-mode pooler it never does.
+    #: Then LISTEN is tried again after PROBE_RETRY seconds.
+    PROBE_TIMEOUT = 5.0
+    PROBE_RETRY = 300.0
     #: Reconnect delays: the first, doubling up to the last while attempts keep failing.
     RETRY_FIRST = 0.05
     RETRY_MAX = 5.0
@@ -384,12 +389,27 @@ class NotifyHint(WakeHint):
         #: What the NOTIFYs carried since the listener last took it (see take_carried).
         self._carried: list[Row] = []
         self._uncarried = False
+        #: The payload of the probe NOTIFY awaited since the last connect, and its deadline.
+        self._probe: bytes | None = None
+        self._probe_deadline = 0.0
+        self._probes = 0
+        #: LISTEN received nothing sent through the app's engine (a pooler, most likely).
+        self.not_delivering = False
+        self._warned = False
+        #: The engine LISTEN connects with: ``listen_url``'s, or the app's.
+        self._listen_engine: Engine | None = None
 
     def open(self) -> None:
         self._connect()
 
     def detail(self) -> str:
         channel = notify_channel_name(self.table.name)
+        if self.not_delivering:
+            return (
+                f"LISTEN received no NOTIFY (a transaction-mode pooler?); table polled every "
+                f"{self.settings.polling_interval:g} s; set "
+                f"{self.settings.name_of('listen_url')} to a direct connection"
+            )
         if self.healthy:
             return (
                 f"LISTEN {channel}_* ({len(self._listening)} of {NOTIFY_BUCKETS} buckets; "
@@ -404,7 +424,10 @@ class NotifyHint(WakeHint):
         if self._conn is None:
             retry = max(0.0, self._retry_at - time.monotonic())
             return min(self.settings.polling_interval, retry)
-        return min(self.settings.safety_interval, self.liveness.next_event())
+        timeout = min(self.settings.safety_interval, self.liveness.next_event())
+        if self._probe is not None:
+            timeout = min(timeout, max(0.0, self._probe_deadline - time.monotonic()))
+        return timeout
 
     def readable(self) -> bool:
         try:
@@ -423,6 +446,18 @@ class NotifyHint(WakeHint):
         if self._heard_wanted:
             self._heard_wanted = False
             return True
+        if self._probe is not None and time.monotonic() > self._probe_deadline:
+            try:
+                # Whatever reached the socket meanwhile first (the loop may have been woken
+                # by its bell alone).
+                if self._read():
+                    self._heard_wanted = True
+            except Exception as exc:
+                self._lost(exc)
+                return True
+            if self._probe is not None:
+                self._not_delivering()
+                return True
         try:
             self.liveness.check()
             if self.liveness.due():
@@ -446,6 +481,53 @@ class NotifyHint(WakeHint):
 
     def close(self) -> None:
         self._close_conn()
+        engine, self._listen_engine = self._listen_engine, None
+        if engine is not None and engine is not self.engine:
+            engine.dispose()
+
+    def _engine_for_listen(self) -> Engine:
+        if self._listen_engine is None:
+            url = self.settings.listen_url
+            self._listen_engine = (
+                create_engine(url, poolclass=NullPool) if url is not None else self.engine
+            )
+        return self._listen_engine
+
+    def _send_probe(self, channel: str) -> None:
+        """NOTIFY the table's own channel through the app's engine, where broadcasts come
+        from, and expect to hear it on the LISTEN connection within PROBE_TIMEOUT."""
+        self._probes += 1
+        payload = f"firm-channel-probe {os.getpid()} {self._probes}"
+        with self.engine.connect() as conn:
+            conn.execute(select(func.pg_notify(channel, payload)))
+            conn.commit()
+        self._probe = payload.encode()
+        self._probe_deadline = time.monotonic() + self.PROBE_TIMEOUT
+
+    def _not_delivering(self) -> None:
+        self._close_conn()
+        self.not_delivering = True
+        self.errors += 1
+        self.last_error = "LISTEN received no NOTIFY sent through the app's connections"
+        self._retry_at = time.monotonic() + self.PROBE_RETRY
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "firm-channel: LISTEN for table %s received no NOTIFY sent through the app's "
+                "own connections within %g s: the database URL most likely goes through a "
+                "transaction-mode pooler (PgBouncer, RDS Proxy, a managed pooler), where LISTEN "
+                "receives nothing. The listener polls the table every %g s instead. Set %s to "
+                "a direct connection to the server for LISTEN.",
+                self.table.name,
+                self.PROBE_TIMEOUT,
+                self.settings.polling_interval,
+                self.settings.name_of("listen_url"),
+            )
+
+    def _delivering(self) -> None:
+        if self.not_delivering:
+            log.warning("firm-channel: LISTEN for table %s receives NOTIFYs again", self.table.name)
+        self.not_delivering = False
 
     def _read(self) -> bool:
         psycopg = self._psycopg
@@ -466,6 +548,10 @@ class NotifyHint(WakeHint):
         while (note := pgconn.notifies()) is not None:
             self.liveness.heard()
             if note.extra == ping:
+                continue
+            if note.extra == self._probe:
+                self._probe = None  # LISTEN hears what the app's connections send
+                self._delivering()
                 continue
             try:
                 msg_id, hash_, message = parse_note(note.extra)
@@ -556,7 +642,7 @@ class NotifyHint(WakeHint):
             # Kept for _read, which runs on every notification.
             self._psycopg = psycopg
 
-            conn = dedicated_connection(self.engine)
+            conn = dedicated_connection(self._engine_for_listen())
             if conn is None or not hasattr(conn, "pgconn"):
                 raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
             try:
@@ -574,6 +660,7 @@ class NotifyHint(WakeHint):
                 self.liveness.reset()
                 if self._wanted_buckets:
                     self._listen(self._wanted_buckets)
+                self._send_probe(name)
             except BaseException:
                 self._conn, self._fd = None, None
                 close_quietly(conn)
@@ -603,6 +690,7 @@ class NotifyHint(WakeHint):
         self._listening = frozenset()
         self._heard_wanted = False
         self._carried, self._uncarried = [], False
+        self._probe = None
         self.epoch += 1
         if conn is not None:
             close_quietly(conn)

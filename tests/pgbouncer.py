@@ -1,0 +1,74 @@
+"""A private PgBouncer in transaction mode in front of the test PostgreSQL server, on a free
+loopback port, for the pooler tests (Debian's ``pgbouncer``; ``.ci/run`` installs it).
+
+Run as root, it runs as the ``postgres`` user, since PgBouncer refuses to start as root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from .private_servers import _as, _owned_dir, _wait_until_up, free_port
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
+class PgBouncer:
+    """``url``: the test database through the pooler, in transaction pooling mode."""
+
+    def __init__(self, server_url: str) -> None:
+        server = sa.engine.make_url(server_url)
+        self.dir = _owned_dir("fc-pgbouncer-", "postgres")
+        self.port = free_port()
+        self.log = self.dir / "pgbouncer.log"
+        config = self.dir / "pgbouncer.ini"
+        config.write_text(
+            "[databases]\n"
+            f"{server.database} = host={server.host or '127.0.0.1'} port={server.port or 5432}"
+            f" dbname={server.database} user={server.username}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir =\nauth_type = any\npool_mode = transaction\n"
+            "default_pool_size = 4\nmax_client_conn = 200\n"
+            f"logfile = {self.log}\npidfile = {self.dir / 'pgbouncer.pid'}\n"
+            # psycopg sends these at connect; PgBouncer must let them through.
+            "ignore_startup_parameters = extra_float_digits,options\n"
+        )
+        self.url = server.set(host="127.0.0.1", port=self.port).render_as_string(
+            hide_password=False
+        )
+        self.proc = subprocess.Popen(
+            _as("postgres", [PGBOUNCER, str(config)]),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            _wait_until_up(self.url, 30, self.log)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def available() -> str | None:
+    """None if PgBouncer can run here, else why not."""
+    if not Path(PGBOUNCER).exists():
+        return f"{PGBOUNCER} not found (apt-get install pgbouncer)"
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        return "runuser not found"
+    return None
