@@ -163,7 +163,7 @@ def test_a_server_that_refuses_the_wait_is_polled_on_the_timer(
     real = drivers.ServerWait.__init__
 
     def refused(self: drivers.ServerWait, conn: object, sql_for: Callable[..., str]) -> None:
-        real(self, conn, lambda baseline, hashes: "BEGIN NOT ATOMIC NOT VALID SQL; END")
+        real(self, conn, lambda baseline, hashes, step: "BEGIN NOT ATOMIC NOT VALID SQL; END")
 
     monkeypatch.setattr(drivers.ServerWait, "__init__", refused)
     pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)

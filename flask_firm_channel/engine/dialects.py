@@ -169,13 +169,11 @@ class Dialect:
         """What runs the listener's statements on ``conn`` (see ``drivers.py``)."""
         return CursorRunner(conn)
 
-    def server_wait(
-        self, conn: Any, table: Table, step: float, seconds: float
-    ) -> ServerWait | None:
-        """A statement on ``conn`` that waits in the server until the newest id of the given
-        channel hashes is no longer a given one, checking every ``step`` seconds for up to
-        ``seconds``; None where the server or the driver cannot (see ``wake.py``,
-        :class:`AdaptivePollHint`)."""
+    def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
+        """A statement on ``conn`` that waits in the server, checking every ``step`` seconds
+        for up to ``seconds``, until the newest id of the given channel hashes passes a
+        baseline (or, for many channels, the table's newest id differs from it); None where
+        the server or the driver cannot (see ``wake.py``, :class:`AdaptivePollHint`)."""
         return None
 
     def prepare_publisher(self, conn: Any) -> None:
@@ -458,9 +456,7 @@ class MySQLDialect(Dialect):
     def reader(self, conn: Any) -> Runner:
         return PyMySQLRunner(conn) if PyMySQLRunner.usable(conn) else CursorRunner(conn)
 
-    def server_wait(
-        self, conn: Any, table: Table, step: float, seconds: float
-    ) -> ServerWait | None:
+    def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
         # MariaDB runs a compound statement sent on its own (BEGIN NOT ATOMIC, 10.1+); MySQL
         # only inside a stored procedure, which would need privileges to create.
         if not getattr(self.engine.dialect, "is_mariadb", False) or not ServerWait.usable(conn):
@@ -472,9 +468,8 @@ class MySQLDialect(Dialect):
         finally:
             cursor.close()
         name = self._qualified(table)
-        checks = max(1, round(seconds / step)) + 1
 
-        def sql_for(baseline: int, hashes: tuple[int, ...]) -> str:
+        def sql_for(baseline: int, hashes: tuple[int, ...], step: float) -> str:
             # SELECT ... INTO is a consistent read, each a statement of its own (autocommit)
             # that sees every commit made before it. The newest id is that of the followed
             # channels, one step down the (channel_hash, id) index each, so that another
@@ -483,7 +478,11 @@ class MySQLDialect(Dialect):
             # loop's condition would be a locking read, waiting behind any open transaction
             # that inserted a row.)
             b = int(baseline)
+            checks = max(1, round(seconds / step)) + 1
             if 0 < len(hashes) <= MAX_WAIT_HASHES:
+                # Answered once a followed channel has an id past the baseline (the
+                # listener's high-water mark): nothing it has read, nothing of others.
+                waiting = f"m <= {b}"
                 newest = (
                     "GREATEST("
                     + ", ".join(
@@ -493,10 +492,11 @@ class MySQLDialect(Dialect):
                     + ", 0)"
                 )
             else:
+                waiting = f"m = {b}"
                 newest = f"(SELECT COALESCE(MAX(id), 0) FROM {name})"
             return (
                 f"BEGIN NOT ATOMIC DECLARE n INT DEFAULT 0; DECLARE m BIGINT DEFAULT {b}; "
-                f"WHILE m = {b} AND n < {checks} DO "
+                f"WHILE {waiting} AND n < {checks} DO "
                 f"IF n > 0 THEN DO SLEEP({step:.3f}); END IF; "
                 f"SELECT {newest} INTO m; SET n = n + 1; "
                 "END WHILE; SELECT m; END"

@@ -140,10 +140,10 @@ class ServerWait:
 
     PyMySQL only: a statement is sent with its ``_execute_command`` and its answer read with
     ``_read_query_result`` when the socket turns readable (PyMySQL's ``query`` is the two in a
-    row). ``sql_for(baseline, hashes)`` makes the statement; its first result's first value
+    row). ``sql_for(baseline, hashes, step)`` makes the statement; its first result's first value
     is the answer (an id)."""
 
-    def __init__(self, conn: Any, sql_for: Callable[[int, tuple[int, ...]], str]) -> None:
+    def __init__(self, conn: Any, sql_for: Callable[[int, tuple[int, ...], float], str]) -> None:
         from pymysql.constants import COMMAND
 
         self._conn = conn
@@ -162,10 +162,10 @@ class ServerWait:
     def fileno(self) -> int:
         return self._fd
 
-    def send(self, baseline: int, hashes: tuple[int, ...] = ()) -> None:
-        """Wait for the newest id of the channels ``hashes`` (all: none given) to differ
-        from ``baseline``."""
-        self._conn._execute_command(self._query, self._sql_for(baseline, hashes))
+    def send(self, baseline: int, hashes: tuple[int, ...] = (), step: float = 0.02) -> None:
+        """Wait for the newest id of the channels ``hashes`` to pass ``baseline`` (of the
+        table, none given: to differ from it), checking every ``step`` seconds."""
+        self._conn._execute_command(self._query, self._sql_for(baseline, hashes, step))
         self.sent_at = time.monotonic()
 
     def answer(self) -> int:

@@ -314,7 +314,12 @@ class Listener:
                     if rows < 0:
                         rows, polled = self.poll(), True
                     last_poll, rows_last = time.monotonic(), rows > 0
-                    self._hint.activity(rows, gaps=len(self._gaps), following=bool(self._followed))
+                    self._hint.activity(
+                        rows,
+                        gaps=len(self._gaps),
+                        following=bool(self._followed),
+                        high_water=self._high_water,
+                    )
                     rate_rows += rows
                     if last_poll - rate_since >= RATE_PERIOD:
                         batching = rate_rows >= BATCH_ABOVE * (last_poll - rate_since)
