@@ -313,6 +313,9 @@ class Listener:
                             rows = carried
                     if rows < 0:
                         rows, polled = self.poll(), True
+                        # Said as soon as a read succeeded (the hint's work below can wait
+                        # on its own connection).
+                        self._poll_errors.recovered()
                     last_poll, rows_last = time.monotonic(), rows > 0
                     self._hint.activity(
                         rows,
@@ -332,7 +335,6 @@ class Listener:
                         else self._settings.polling_interval
                     )
                     next_safety_poll = time.monotonic() + pace
-                    self._poll_errors.recovered()
                 backoff = 0.0
             except Exception as exc:
                 self._more = False

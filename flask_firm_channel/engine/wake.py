@@ -939,6 +939,12 @@ class AdaptivePollHint(WakeHint):
         self.errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
         self._newest = -1
+        orig = getattr(exc, "orig", None) or exc
+        if self.dialect is not None and self.dialect.missing_table(orig):
+            # The listener's own poll says so (once); the wait comes back with the table.
+            self._retry_at = time.monotonic() + self.RETRY_FIRST
+            log.debug("firm-channel idle wait: the table is missing")
+            return
         if _refused(exc):
             self._can_wait = False
             log.warning("firm-channel: the server refused the idle wait, polling instead: %s", exc)
