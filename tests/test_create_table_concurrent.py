@@ -45,7 +45,8 @@ def test_concurrent_create_table(
         try:
             results = []
             for p in procs:
-                out, err = p.communicate(timeout=60)
+                # Beyond the barrier's own 150 s, so a slow start fails with its message.
+                out, err = p.communicate(timeout=180)
                 results.append((p.returncode, out, err))
             for code, _, err in results:
                 assert code == 0, err
