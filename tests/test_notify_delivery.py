@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
-from flask_firm_channel.engine.dialects import NOTIFY_PAYLOAD_LIMIT
+from flask_firm_channel.engine.dialects import NOTIFY_PAYLOAD_LIMIT, notify_channel_name
 
 from .conftest import wait_for
 
@@ -143,3 +143,33 @@ def test_large_messages_a_cut_listen_connection_and_racing_commits_lose_and_repe
     health = subscriber.health()
     assert health.wake_reconnects >= 1
     assert 0 < health.carried < len(received), "some carried, the large ones read"
+
+
+def test_other_processes_probes_and_pings_wake_no_read(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: Callable[..., PubSub],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    """Every listener's connect sends a probe on the table's own channel, which every other
+    listener of the table hears: it is none of their business."""
+    subscriber = listening(safety_interval=3600)
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    received: list[bytes] = []
+    subscriber.subscribe("quiet", received.append)
+    publisher.broadcast("quiet", "first")
+    wait_for(lambda: received == [b"first"])
+    polls = subscriber.health().polls
+    with engine.connect() as conn:
+        for n in range(20):
+            for note in (f"firm-channel-probe 1 {n}", "firm-channel-ping"):
+                conn.execute(
+                    sa.text("SELECT pg_notify(:channel, :note)"),
+                    {"channel": notify_channel_name(table.name), "note": note},
+                )
+            conn.commit()
+    publisher.broadcast("quiet", "second")
+    wait_for(lambda: received == [b"first", b"second"])
+    # The second message came in its NOTIFY, after the forty others: no read in between.
+    assert subscriber.health().polls == polls

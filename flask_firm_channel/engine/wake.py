@@ -398,7 +398,6 @@ class NotifyHint(WakeHint):
         self.healthy = False
         self.liveness = Liveness(self.PING_AFTER, self.PING_TIMEOUT)
         self._ping_sql = b""
-        self._ping_bytes = PING_PAYLOAD.encode()
         self._psycopg: Any = None
         self._connected_before = False
         self._retry_at = 0.0
@@ -566,15 +565,15 @@ class NotifyHint(WakeHint):
 
     def _take_notifies(self, pgconn: Any) -> bool:
         wanted = False
-        ping = self._ping_bytes
+        ours = b"firm-channel-"
         while (note := pgconn.notifies()) is not None:
             self.liveness.heard()
-            if note.extra == ping:
-                continue
             if note.extra == self._probe:
                 self._probe = None  # LISTEN hears what the app's connections send
                 self._delivering()
                 continue
+            if note.extra.startswith(ours):
+                continue  # a self-NOTIFY (liveness.py), or another process's probe
             try:
                 msg_id, hash_, message = parse_note(note.extra)
             except ValueError:
