@@ -100,13 +100,18 @@ def example(db_url: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def two_workers(example: dict[str, Any]) -> tuple[Listener, Listener]:
-    """Connect clients until two are held by different workers (the kernel picks)."""
+    """Connect clients until two are held by different workers (the kernel picks), then let
+    the others go: each open connection holds one of its worker's 20 threads, and a worker
+    with all of them held would leave the page the browser asks for waiting."""
     listeners: list[Listener] = example["listeners"]
     for _ in range(40):
         listeners.append(Listener(example["url"]))
         by_worker = {listener.worker: listener for listener in listeners}
         if len(by_worker) >= 2:
             first, second = list(by_worker.values())[:2]
+            for extra in [lst for lst in listeners if lst is not first and lst is not second]:
+                extra.sio.disconnect()
+                listeners.remove(extra)
             return first, second
     raise AssertionError("40 connections all landed on one worker")
 
