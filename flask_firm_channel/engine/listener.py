@@ -54,7 +54,7 @@ from .reads import BATCH, Range, Reads, Row
 from .settings import Settings
 from .subscriptions import Snapshot, Subscription, SubscriptionRegistry
 from .table import channel_hash, missing_indexes
-from .wake import WakeHint, recycle_after
+from .wake import WakeHint
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -145,8 +145,6 @@ class Listener:
         #: Subscriptions waiting for their catch-up, oldest first.
         self._starting: list[Subscription] = []
         self._health = ListenerHealth(wake_mode=hint.mode)
-        #: The engine's ``pool_recycle``: the listener's connection is replaced once older.
-        self._recycle = recycle_after(engine)
         self._poll_errors = PollErrors(dialect, table.name)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -318,9 +316,6 @@ class Listener:
                         # Said as soon as a read succeeded (the hint's work below can wait
                         # on its own connection).
                         self._poll_errors.recovered()
-                        if rows == 0 and not self._gaps and self._recycle is not None:
-                            with self._busy:  # a quiet moment: pool_recycle
-                                self._reads.recycle(self._recycle)
                     last_poll, rows_last = time.monotonic(), rows > 0
                     self._hint.activity(
                         rows,

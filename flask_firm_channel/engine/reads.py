@@ -9,7 +9,6 @@ whatever the table's size, statistics or plan cache. Statements are compiled onc
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
@@ -65,8 +64,6 @@ class Reads:
         self._table = table
         self._conn: Any = None
         self._runner: Runner | None = None
-        #: When the connection was made (monotonic), for ``pool_recycle``.
-        self._opened_at = 0.0
         self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
         t = table
         self._convert = result_processors(
@@ -94,16 +91,7 @@ class Reads:
             close_quietly(conn)
             raise
         self._conn, self._runner = conn, runner
-        self._opened_at = time.monotonic()
         return runner
-
-    def recycle(self, max_age: float) -> bool:
-        """Close the connection if it is older than ``max_age`` seconds (the engine's
-        ``pool_recycle``); the next statement opens a new one. True if it was closed."""
-        if self._conn is None or time.monotonic() - self._opened_at <= max_age:
-            return False
-        self.close()
-        return True
 
     def close(self) -> None:
         conn, runner, self._conn, self._runner = self._conn, self._runner, None, None

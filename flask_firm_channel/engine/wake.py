@@ -53,16 +53,6 @@ class HintHealth:
     detail: str
 
 
-def recycle_after(engine: Engine) -> float | None:
-    """The engine's ``pool_recycle`` in seconds, or None when it is off."""
-    seconds = getattr(engine.pool, "_recycle", -1)
-    return float(seconds) if seconds is not None and seconds >= 0 else None
-
-
-def _too_old(opened_at: float, limit: float | None) -> bool:
-    return limit is not None and time.monotonic() - opened_at > limit
-
-
 class WakeHint:
     """No hint: poll the table every ``polling_interval`` (also the fallback of every hint)."""
 
@@ -86,9 +76,6 @@ class WakeHint:
         self.table = table
         self.settings = settings
         self.interested = interested
-        #: The engine's ``pool_recycle`` (None: off): the hint's own connection is replaced
-        #: once older than this, at a moment when nothing is waited for on it.
-        self.recycle_after = recycle_after(engine)
         self.healthy = True
         self.wakes = 0
         self.errors = 0
@@ -210,12 +197,10 @@ class DataVersionHint(WakeHint):
         self._hashes: tuple[int, ...] = ()
         self._probe_sql: str | None = None
         self._newest: int | None = None
-        self._opened_at = 0.0
 
     def open(self) -> None:
         try:
             self._conn = dedicated_connection(self.engine)
-            self._opened_at = time.monotonic()
             self._cursor = self._conn.cursor()
             self._version = self._read()
             if not self.healthy:
@@ -293,12 +278,6 @@ class DataVersionHint(WakeHint):
         if self._conn is None:
             if time.monotonic() >= self._retry_at:
                 self.open()
-            return True
-        if _too_old(self._opened_at, self.recycle_after) and not self._recheck:
-            # pool_recycle: a new connection, whose data_version starts from now; the poll
-            # this asks for finds whatever committed in between.
-            self._close_conn()
-            self.open()
             return True
         try:
             version = self._read()
@@ -440,7 +419,6 @@ class NotifyHint(WakeHint):
         self._warned = False
         #: The engine LISTEN connects with: ``listen_url``'s, or the app's.
         self._listen_engine: Engine | None = None
-        self._opened_at = 0.0
 
     def open(self) -> None:
         self._connect()
@@ -488,16 +466,6 @@ class NotifyHint(WakeHint):
             return True
         if self._heard_wanted:
             self._heard_wanted = False
-            return True
-        if (
-            _too_old(self._opened_at, self.recycle_after)
-            and self._probe is None
-            and self.liveness.sent_at is None
-        ):
-            # pool_recycle: LISTEN again on a new connection; what was sent meanwhile is
-            # found by the read this asks for.
-            self._close_conn()
-            self._connect()
             return True
         if self._probe is not None and time.monotonic() > self._probe_deadline:
             try:
@@ -725,7 +693,6 @@ class NotifyHint(WakeHint):
             return
         self.healthy = True
         self.epoch += 1
-        self._opened_at = time.monotonic()
         self._backoff = self.RETRY_FIRST
         if self._connected_before:
             self.reconnects += 1
@@ -825,7 +792,6 @@ class AdaptivePollHint(WakeHint):
         #: The last poll found the listener idle: nothing read, nothing pending, at the idle
         #: pace, something followed.
         self._idle = False
-        self._wait_opened_at = 0.0
         #: The followed channel hashes the server wait asks about.
         self._hashes: tuple[int, ...] = ()
         #: The wait in flight asks about channels no longer the followed ones: the timer
@@ -935,12 +901,9 @@ class AdaptivePollHint(WakeHint):
     def _start_wait(self) -> None:
         if not self._can_wait or time.monotonic() < self._retry_at:
             return
-        if self._wait is not None and _too_old(self._wait_opened_at, self.recycle_after):
-            self._close_wait()  # pool_recycle: nothing is waited for on it right now
         try:
             if self._wait is None:
                 self._wait = self._open_wait()
-                self._wait_opened_at = time.monotonic()
                 if self._wait is None:
                     self._can_wait = False
                     return
