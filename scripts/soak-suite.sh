@@ -4,18 +4,23 @@
 # it, so a test that races the code it checks shows up. Prints one line per run and a summary;
 # exits non-zero if any run failed. Each run's log is kept in the directory printed first.
 #
-#   bash scripts/soak-suite.sh 5            # five runs on a quiet machine
-#   bash scripts/soak-suite.sh 5 --burn     # five runs with every core busy
+#   bash scripts/soak-suite.sh 5                  # five runs on a quiet machine
+#   bash scripts/soak-suite.sh 5 --burn           # five runs with every core busy
+#   bash scripts/soak-suite.sh 5 --commit 1a2b3c  # a given commit instead of main's head
 set -euo pipefail
 
-burn=false runs=""
-for arg in "$@"; do
-    case "$arg" in
+burn=false runs="" commit=""
+while [ $# -gt 0 ]; do
+    case "$1" in
         --burn) burn=true ;;
-        *) runs="$arg" ;;
+        --commit) [ $# -ge 2 ] || { echo "soak: --commit needs a revision" >&2; exit 2; }
+                  shift; commit="$1" ;;
+        *) runs="$1" ;;
     esac
+    shift
 done
-[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "usage: soak-suite.sh N [--burn]" >&2; exit 2; }
+usage="usage: soak-suite.sh N [--burn] [--commit REV]"
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "$usage" >&2; exit 2; }
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="$(mktemp -d /tmp/firm-channel-soak.XXXXXX)"
@@ -23,6 +28,9 @@ logs="$work/logs"
 mkdir -p "$logs"
 git clone -q --branch main "$repo" "$work/repo"
 cd "$work/repo"
+if [ -n "$commit" ]; then
+    git checkout -q --detach "$commit" || { echo "soak: no commit $commit on main" >&2; exit 2; }
+fi
 echo "soak: commit $(git rev-parse --short HEAD), $runs run(s), burn=$burn; logs in $logs"
 # The clone's own venv, made before the first run so that no run's wall time includes it.
 bash scripts/_venv.sh >"$logs/venv.log" 2>&1
