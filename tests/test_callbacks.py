@@ -141,10 +141,10 @@ def test_a_subscriber_error_is_counted_only_after_its_log_record_is_written(
         logger.removeHandler(handler)
 
 
-def test_a_subscription_too_far_behind_drops_loudly_and_keeps_order(
+def test_a_subscription_too_far_behind_catches_up_from_the_table_in_order(
     make_pubsub: Callable[..., PubSub], caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="flask_firm_channel")
+    caplog.set_level(logging.WARNING, logger="flask_firm_channel")
     pubsub = make_pubsub(auto_trim=False)
     pubsub._callbacks.limit = 5
     release = threading.Event()
@@ -166,16 +166,20 @@ def test_a_subscription_too_far_behind_drops_loudly_and_keeps_order(
             ids.append(pubsub.broadcast("lane", f"m{i}"))
             wait_for(lambda: len(fast) == len(ids) + 1)
         health = pubsub.health()
-        assert (health.callback_backlog, health.callback_dropped) == (5, 4)
-        dropped = [r for r in caplog.records if "behind" in r.getMessage()]
-        assert len(dropped) == 1 and str(ids[5]) in dropped[0].getMessage()
-        assert "lane" in dropped[0].getMessage()
+        # Five wait in its lane; from the sixth on, it reads from the table once done.
+        assert (health.callback_backlog, health.callback_catchups) == (5, 1)
+        behind = [r for r in caplog.records if "behind" in r.getMessage()]
+        assert len(behind) == 1 and behind[0].levelno == logging.WARNING
+        assert "'lane'" in behind[0].getMessage()
+        assert f"after {ids[4]}" in behind[0].getMessage(), behind[0].getMessage()
     finally:
         release.set()
-    wait_for(lambda: len(slow) == 6)
-    assert slow == [b"first"] + [f"m{i}".encode() for i in range(5)]
+    wait_for(lambda: len(slow) == 10)
+    assert slow == [b"first"] + [f"m{i}".encode() for i in range(9)]
     pubsub.broadcast("lane", "after")
     wait_for(lambda: slow[-1:] == [b"after"] and fast[-1:] == [b"after"])
+    assert len(slow) == len(fast) == 11
+    assert pubsub.health().callback_dropped == 0
 
 
 def test_callback_threads_end_when_idle(make_pubsub: Callable[..., PubSub]) -> None:

@@ -9,9 +9,13 @@ a time and in order, while a stuck lane delays only itself. A lane's thread ling
 after its queue empties (steady traffic does not start a thread per message) and then ends,
 so an idle process keeps none.
 
-A lane holds at most ``LANE_LIMIT`` pending calls. A callback that falls further behind
-loses the excess: each dropped message is counted in ``health().callback_dropped`` and the
-first of a run is logged as an error naming the subscription, the channel and the id.
+A lane holds at most ``LANE_LIMIT`` pending calls, so memory stays bounded whatever the
+backlog. A callback that falls further behind loses nothing: :meth:`CallbackRunner.submit`
+refuses the row, the listener stops giving the subscription live rows and remembers the
+cursor before the refused one, and once the lane has drained, ``on_drained`` hands the
+subscription back to the listener, which catches it up from the table (the path a resumed
+stream takes) and then delivers live again, with no gap and no duplicate at the seam. The
+table is the buffer, not this process's memory.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any
 
@@ -26,7 +31,7 @@ from .subscriptions import Subscription
 
 log = logging.getLogger("flask_firm_channel")
 
-#: Pending calls one subscription may have before new ones are dropped (and logged).
+#: Pending calls one subscription may have; past it, it catches up from the table instead.
 LANE_LIMIT = 10_000
 #: Seconds a lane's thread waits for more work before it ends.
 LINGER = 1.0
@@ -37,61 +42,75 @@ _CLOSE: Call = (object(), None)
 
 
 class _Lane:
-    __slots__ = ("sub", "items", "running", "overflowing")
+    __slots__ = ("sub", "items", "running", "behind")
 
     def __init__(self, sub: Subscription, items: SimpleQueue[Call] | None = None) -> None:
         self.sub = sub
         # A C queue: a put wakes a waiting thread without running any Python in between.
         self.items: SimpleQueue[Call] = items if items is not None else SimpleQueue()
         self.running = False
-        self.overflowing = False
+        #: Its subscription fell behind: once the queue is empty, ``on_drained`` is called.
+        self.behind = False
+
+
+def _nothing(sub: Subscription) -> None:
+    pass
 
 
 class CallbackRunner:
-    """The lanes of one PubSub's subscriptions. :meth:`submit` never blocks."""
+    """The lanes of one PubSub's subscriptions. :meth:`submit` never blocks.
 
-    def __init__(self, limit: int = LANE_LIMIT, linger: float = LINGER) -> None:
+    ``on_drained(sub)`` is called, on the lane's thread (or the caller's of
+    :meth:`fell_behind`), once a subscription that fell behind has no call left queued.
+    """
+
+    def __init__(
+        self,
+        limit: int = LANE_LIMIT,
+        linger: float = LINGER,
+        on_drained: Callable[[Subscription], None] = _nothing,
+    ) -> None:
         self.limit = limit
         self.linger = linger
+        self.on_drained = on_drained
         #: Held only around queue bookkeeping, never across a callback (``fork`` takes it).
         self._lock = threading.Lock()
         self._lanes: dict[int, _Lane] = {}
         self._threads: set[threading.Thread] = set()
         self._closed = False
         self.errors = 0
-        self.dropped = 0
 
     # -- the listener's side ---------------------------------------------------------------
 
-    def submit(self, sub: Subscription, value: Any, msg_id: int | None) -> None:
-        """Queue ``sub.callback(value)`` on the subscription's lane."""
+    def submit(self, sub: Subscription, value: Any, msg_id: int | None) -> bool:
+        """Queue ``sub.callback(value)`` on the subscription's lane. False, with nothing
+        queued, when ``limit`` calls are waiting there: the caller then stops giving the
+        subscription rows and calls :meth:`fell_behind`."""
+        with self._lock:
+            if self._closed:
+                return True  # nothing will be called any more; there is nothing to catch up
+            lane = self._lanes.get(id(sub))
+            if lane is None:
+                lane = self._lanes[id(sub)] = _Lane(sub)
+            if lane.items.qsize() >= self.limit:
+                return False
+            lane.items.put((value, msg_id))
+            if not lane.running:
+                lane.running = True
+                self._spawn(lane)
+            return True
+
+    def fell_behind(self, sub: Subscription) -> None:
+        """``sub`` takes no rows until its lane has drained: call ``on_drained`` then (now,
+        if nothing is queued)."""
         with self._lock:
             if self._closed:
                 return
             lane = self._lanes.get(id(sub))
-            if lane is None:
-                lane = self._lanes[id(sub)] = _Lane(sub)
-            if lane.items.qsize() < self.limit:
-                lane.overflowing = False
-                lane.items.put((value, msg_id))
-                if not lane.running:
-                    lane.running = True
-                    self._spawn(lane)
+            if lane is not None and lane.items.qsize():
+                lane.behind = True
                 return
-            first = not lane.overflowing
-            lane.overflowing = True
-        if first:
-            log.error(
-                "firm-channel subscriber %r on channel %r is %d messages behind; message %s "
-                "and the next ones while it stays that far behind are dropped",
-                sub.callback,
-                sub.channel,
-                self.limit,
-                msg_id if msg_id is not None else getattr(value, "id", "-"),
-            )
-        # Counted only once its log record is written: whoever sees the count sees the record.
-        with self._lock:
-            self.dropped += 1
+        self.on_drained(sub)
 
     def _spawn(self, lane: _Lane) -> None:
         thread = threading.Thread(
@@ -120,6 +139,12 @@ class CallbackRunner:
                     return
                 if lane.sub.active:
                     self._call(lane.sub, value, msg_id)
+                if lane.behind and not lane.items.qsize():
+                    with self._lock:  # submit() refuses while full; fell_behind() sets this
+                        drained = lane.behind and not lane.items.qsize() and not self._closed
+                        lane.behind = False
+                    if drained:
+                        self.on_drained(lane.sub)
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
@@ -182,6 +207,7 @@ class CallbackRunner:
         """Threads do not survive ``fork``: serve what the parent had queued on new ones."""
         self._lock = threading.Lock()
         self._threads = set()
+        drained: list[Subscription] = []
         with self._lock:
             for key, lane in list(self._lanes.items()):
                 # A parent's thread may have been waiting on the old queue: a new one.
@@ -190,11 +216,16 @@ class CallbackRunner:
                     items: SimpleQueue[Call] = SimpleQueue()
                     for item in pending:
                         items.put(item)
+                    behind = lane.behind
                     lane = self._lanes[key] = _Lane(lane.sub, items)
-                    lane.running = True
+                    lane.running, lane.behind = True, behind
                     self._spawn(lane)
                 else:
+                    if lane.behind and not self._closed:
+                        drained.append(lane.sub)
                     del self._lanes[key]
+        for sub in drained:
+            self.on_drained(sub)
 
 
 def _drain(items: SimpleQueue[Call]) -> list[Call]:

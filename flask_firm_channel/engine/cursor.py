@@ -80,6 +80,15 @@ class Cursor:
         parts.extend(str(a) if a == b else f"{a}-{b}" for a, b in self.gaps)
         return ".".join(parts)
 
+    def without(self, msg_id: int) -> Cursor:
+        """This cursor with ``msg_id`` not delivered after all: a gap, or below ``high`` when
+        it is the highest id (a callback's lane refused it, see ``callbacks.py``)."""
+        ranges = list(_normalise([*self.gaps, (msg_id, msg_id)]))
+        high = self.high
+        while ranges and ranges[-1][1] >= high:
+            high = min(high, ranges.pop()[0] - 1)
+        return Cursor.of(high, ranges)
+
     def ranges_after(self) -> list[tuple[int | None, int | None]]:
         """Every id range a resume must read: the gaps, then everything above ``high``."""
         return [*self.gaps, (self.high + 1, None)]

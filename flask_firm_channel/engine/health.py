@@ -29,9 +29,13 @@ class ListenerHealth:
     delivered: int = 0
     #: Subscriber callbacks that raised (each logged with its channel and message id).
     subscriber_errors: int = 0
-    #: Calls queued for subscriber callbacks and not started yet, and calls dropped because
-    #: one subscription fell ``LANE_LIMIT`` behind (see ``callbacks.py``).
+    #: Calls queued for subscriber callbacks and not started yet.
     callback_backlog: int = 0
+    #: Times a callback fell ``LANE_LIMIT`` calls behind and so caught up from the table
+    #: instead of this process's memory (see ``callbacks.py``); each is logged.
+    callback_catchups: int = 0
+    #: Times such a callback found messages it had not had yet already trimmed: lost to it,
+    #: each logged as an error with the range of ids.
     callback_dropped: int = 0
     #: Errors the listener met (a failed poll, something escaping its loop), and how many
     #: times it went on after one: a failed poll retried on a fresh connection after its

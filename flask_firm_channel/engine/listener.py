@@ -212,7 +212,6 @@ class Listener:
             open_gaps=len(self._gaps),
             subscriber_errors=self._health.subscriber_errors + self._callbacks.errors,
             callback_backlog=self._callbacks.backlog,
-            callback_dropped=self._callbacks.dropped,
         )
 
     # -- the loop -------------------------------------------------------------------------
@@ -530,6 +529,7 @@ class Listener:
             return 0
         hashes = tuple(sorted(sub.hashes))
         read = 0
+        sub.behind = False
         if sub.resume is not None:
             self._check_resume(sub)
         for h in hashes:
@@ -541,16 +541,25 @@ class Listener:
             self._pending[id(sub)] = (sub, pending)
         low = sub.anchor
         while True:
-            ranges = [Range(hashes, low, self._high_water)]
+            # Open-ended, so the read stops after BATCH rows however far behind the cursor
+            # is; what lies above the high-water mark comes live, once it has started.
+            ranges = [Range(hashes, low)]
             if pending is not None and low == sub.anchor:
                 ranges += [Range(hashes, a - 1, b) for a, b in pending.gaps.within(-1, low)]
             rows = self._read(ranges)
             read += len(rows)
+            if rows and rows[-1].id > self._high_water:
+                rows = [row for row in rows if row.id <= self._high_water]
+                if not rows:
+                    break
             for row in rows:
                 late = bool(self._gaps.inside([row.id]))
                 if late:
                     self._gaps.remove([row.id])
                 self._deliver(row, only=sub, late=late)
+                if sub.behind:
+                    # Its lane is full: the rest waits in the table until the lane drains.
+                    return read
             if len(rows) < BATCH or not rows:
                 break
             low = rows[-1].id
@@ -574,7 +583,19 @@ class Listener:
             sub.resume = Cursor(sub.anchor)
         elif oldest is None or oldest <= sub.anchor + 1:
             return
-        self._call(sub, HistoryTrimmed(after=after, oldest_id=oldest, cursor=after))
+        elif sub.catchups:
+            # Trimmed while its callback was behind: the one loss a callback can have.
+            log.error(
+                "firm-channel subscriber %r on channel %r lost the messages with ids %d to %d:"
+                " they were trimmed before it caught up with them",
+                sub.callback,
+                sub.channel,
+                sub.anchor + 1,
+                oldest - 1,
+            )
+            self._health.callback_dropped += 1
+        if sub.wants_messages:
+            self._call(sub, HistoryTrimmed(after=after, oldest_id=oldest, cursor=after))
 
     # -- reading --------------------------------------------------------------------------
 
@@ -728,18 +749,28 @@ class Listener:
                     message = shared
                 else:
                     message = self._message(row, sub, caught_up=sub is not only)
-                self._call(sub, message)
+                taken = self._call(sub, message)
             else:
-                self._call(sub, row.payload, row.id)
+                taken = self._call(sub, row.payload, row.id)
+            if not taken:
+                self._fall_behind(sub, row, caught_up=sub is not only)
+                continue
             self._health.delivered += 1
             delivered = True
         if delivered:
             self._health.lag = time.time() - _epoch(created_at)
 
     def _message(self, row: Row, sub: Subscription, *, caught_up: bool) -> Message:
-        """``row`` with the cursor ``sub`` resumes from after it: everything up to the
-        high-water mark was delivered except the open gaps (while catching up, only up to
-        ``row``)."""
+        """``row`` with the cursor ``sub`` resumes from after it."""
+        high, gaps = self._delivered(row, sub, caught_up=caught_up)
+        cursor = str(high) if not gaps else str(Cursor.of(high, gaps))
+        return Message(row.id, row.channel, row.payload, row.created_at, cursor)
+
+    def _delivered(
+        self, row: Row, sub: Subscription, *, caught_up: bool
+    ) -> tuple[int, list[tuple[int, int]]]:
+        """What ``sub`` has had once ``row`` is delivered: everything up to the high-water
+        mark except the open gaps (while catching up, only up to ``row``)."""
         assert self._high_water is not None and sub.anchor is not None
         # While catching up, a late row from a gap of the resumed cursor (below its high)
         # must not move the cursor back below what was delivered before the disconnect.
@@ -748,13 +779,32 @@ class Listener:
         awaited = self._pending.get(id(sub))
         if awaited is not None:
             gaps += awaited[1].gaps.within(-1, high)
-        cursor = str(high) if not gaps else str(Cursor.of(high, gaps))
-        return Message(row.id, row.channel, row.payload, row.created_at, cursor)
+        return high, gaps
 
-    def _call(self, sub: Subscription, value: Any, msg_id: int | None = None) -> None:
+    def _fall_behind(self, sub: Subscription, row: Row, *, caught_up: bool) -> None:
+        """``sub``'s lane refused ``row``: it takes nothing more until the lane has drained,
+        then catches up from the table after what it has had (``callbacks.py``)."""
+        high, gaps = self._delivered(row, sub, caught_up=caught_up)
+        resume = Cursor.of(high, gaps).without(row.id)
+        sub.resume, sub.anchor = resume, resume.high
+        sub.started, sub.behind = False, True
+        sub.catchups += 1
+        self._pending.pop(id(sub), None)
+        log.warning(
+            "firm-channel subscriber %r on channel %r is %d messages behind; it catches up"
+            " from the table after %s once they are done",
+            sub.callback,
+            sub.channel,
+            self._callbacks.limit,
+            resume,
+        )
+        self._health.callback_catchups += 1
+        self._callbacks.fell_behind(sub)
+
+    def _call(self, sub: Subscription, value: Any, msg_id: int | None = None) -> bool:
+        """Hand ``value`` to ``sub``; False if its lane refused it (it is too far behind)."""
         if not sub.inline:
-            self._callbacks.submit(sub, value, msg_id)
-            return
+            return self._callbacks.submit(sub, value, msg_id)
         try:
             sub.callback(value)
         except Exception:
@@ -766,6 +816,7 @@ class Listener:
             )
             # Counted once logged: whoever sees the count move finds the record.
             self._health.subscriber_errors += 1
+        return True
 
     # -- the table going backwards ----------------------------------------------------------
 

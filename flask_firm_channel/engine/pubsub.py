@@ -62,7 +62,7 @@ class PubSub:
         self._publisher = Publisher(engine, self.dialect, table, notify=self.settings.wake_hints)
         self._registry = SubscriptionRegistry()
         self._anchor = Anchor(self._read_max_id)
-        self._callbacks = CallbackRunner()
+        self._callbacks = CallbackRunner(on_drained=self._catch_up)
         self._late = LateCommits(
             self.settings.commit_grace, serial_commits=self.dialect.serial_commits
         )
@@ -149,8 +149,10 @@ class PubSub:
 
         ``callback`` runs on a ``firm-channel-callbacks`` thread of this subscription's own,
         one message at a time: a callback that blocks or raises delays no other subscription
-        and no stream. Past ``LANE_LIMIT`` (10,000) messages waiting for it, further ones are
-        dropped, logged and counted in ``health().callback_dropped``.
+        and no stream. Past ``LANE_LIMIT`` (10,000) messages waiting for it, it takes no more
+        from memory: once it is done with those, it catches up from the table, then goes
+        live again, losing nothing unless the messages were trimmed meanwhile (logged, and
+        counted in ``health().callback_dropped``).
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
@@ -214,6 +216,15 @@ class PubSub:
         if self._listener is not None:
             self._listener.wake()
         return sub
+
+    def _catch_up(self, sub: Subscription) -> None:
+        """``sub`` fell behind and its lane has drained: the listener catches it up next."""
+        self._registry.catch_up(sub)
+        listener = self._listener
+        # Not from a forked child's callbacks before its own listener exists: that one
+        # takes the subscription on its first poll.
+        if listener is not None and listener.alive:
+            listener.wake()
 
     def unsubscribe(self, channel: str | bytes, callback: Callback) -> int:
         """Remove ``callback`` from ``channel``; return how many subscriptions went."""

@@ -40,6 +40,12 @@ class Subscription:
     #: Set by the listener once it has caught this subscription up to its read position;
     #: live rows are dispatched to it from then on.
     started: bool = False
+    #: Set by the listener when the subscription's lane refused a row (``LANE_LIMIT``
+    #: calls waiting): it takes no live rows until its lane has drained and the listener
+    #: has caught it up again from ``resume``, the cursor before the refused row.
+    behind: bool = False
+    #: How many times it fell behind (and caught up from the table).
+    catchups: int = 0
     _registry: SubscriptionRegistry | None = field(default=None, repr=False)
     hashes: frozenset[int] = field(init=False, repr=False)
 
@@ -131,6 +137,13 @@ class SubscriptionRegistry:
         with self._lock:
             added, self._added = self._added, []
         return [s for s in added if s.active]
+
+    def catch_up(self, subscription: Subscription) -> None:
+        """Hand ``subscription`` to the listener again, as if new: it fell behind, its lane
+        has drained, and the listener catches it up from its resume cursor."""
+        with self._lock:
+            if subscription.active:
+                self._added.append(subscription)
 
     def clear(self) -> list[Subscription]:
         """Remove every subscription; return them."""
