@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run the full test suite N times in a row, with CI=true, from a fresh clone of the committed main
-# (untracked and uncommitted files play no part). With --burn, one busy loop per core runs beside
+# Run CI (.ci/run: the servers and packages the suite needs, then the full suite with CI=true)
+# N times in a row, from a fresh clone of the committed main (untracked and uncommitted files
+# play no part). With --burn, one busy loop per core runs beside
 # it, so a test that races the code it checks shows up. Prints one line per run and a summary;
 # exits non-zero if any run failed. Each run's log is kept in the directory printed first.
 #
@@ -58,7 +59,7 @@ for i in $(seq "$runs"); do
     log="$logs/run-$i.log"
     start=$SECONDS
     status=0
-    CI=true bash scripts/run-tests.sh >"$log" 2>&1 || status=$?
+    bash .ci/run >"$log" 2>&1 || status=$?
     passed=$(count passed "$log")
     failed=$(count failed "$log")
     errors=$(count "errors?" "$log")
