@@ -543,9 +543,11 @@ class Listener:
         while True:
             # Open-ended, so the read stops after BATCH rows however far behind the cursor
             # is; what lies above the high-water mark comes live, once it has started.
-            ranges = [Range(hashes, low)]
+            ranges = [Range(hashes, low)] if low < self._high_water else []
             if pending is not None and low == sub.anchor:
                 ranges += [Range(hashes, a - 1, b) for a, b in pending.gaps.within(-1, low)]
+            if not ranges:
+                break  # nothing read before it existed: it starts at the high-water mark
             rows = self._read(ranges)
             read += len(rows)
             if rows and rows[-1].id > self._high_water:
