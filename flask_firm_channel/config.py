@@ -15,30 +15,160 @@ from .engine.settings import positive_int, to_seconds
 
 log = logging.getLogger("flask_firm_channel")
 
+
+@dataclass(frozen=True)
+class Key:
+    """One ``FIRM_CHANNEL_*`` key: its default, the type it takes and what it does. The
+    configuration page of the docs is generated from :data:`KEYS`, so this is where a key is
+    documented."""
+
+    name: str
+    default: Any
+    #: What it accepts, as the docs show it.
+    type: str
+    #: What it does (reStructuredText).
+    doc: str
+
+
+_SECONDS = "seconds (float) or timedelta"
+
+#: Every key ``init_app`` reads, in the order the docs list them.
+KEYS: tuple[Key, ...] = (
+    Key(
+        "FIRM_CHANNEL_POLLING_INTERVAL",
+        0.1,
+        _SECONDS,
+        "Seconds between table polls when no wake hint is available, or while it is down.",
+    ),
+    Key(
+        "FIRM_CHANNEL_COMMIT_GRACE",
+        5.0,
+        _SECONDS,
+        "How long a broadcast's transaction may stay open after its INSERT and still be delivered.",
+    ),
+    Key(
+        "FIRM_CHANNEL_MESSAGE_RETENTION",
+        86400.0,
+        _SECONDS,
+        "Rows older than this (default 1 day) are trimmed; at least"
+        " ``FIRM_CHANNEL_COMMIT_GRACE`` (a shorter one is an error at ``init_app``).",
+    ),
+    Key(
+        "FIRM_CHANNEL_TRIM_BATCH_SIZE",
+        100,
+        "int",
+        "Rows per trim transaction (at most 10000); each broadcast asks for a background"
+        " batch with probability 2 / this.",
+    ),
+    Key(
+        "FIRM_CHANNEL_AUTO_TRIM",
+        True,
+        "bool",
+        "Trim in a background thread; ``False`` leaves it to ``trim()`` / the CLI.",
+    ),
+    Key(
+        "FIRM_CHANNEL_MAX_PAYLOAD_SIZE",
+        1024 * 1024,
+        "int (bytes)",
+        "Largest payload in bytes (at most 1 GiB, what PostgreSQL stores in one value).",
+    ),
+    Key(
+        "FIRM_CHANNEL_WAKE_HINTS",
+        True,
+        "bool",
+        "Use the database's change signal to wake the listener in milliseconds.",
+    ),
+    Key(
+        "FIRM_CHANNEL_SAFETY_INTERVAL",
+        5.0,
+        _SECONDS,
+        "While a wake hint is healthy, the table is still polled this often as a safety net.",
+    ),
+    Key(
+        "FIRM_CHANNEL_BATCH_WINDOW",
+        0.005,
+        _SECONDS,
+        "Above 350 messages a second, polls are at least this far apart (at most 1 s), each"
+        " reading every message that came meanwhile; a message after a quiet moment is read"
+        " at once; ``0`` polls for each message (see :ref:`sustained-traffic`).",
+    ),
+    Key(
+        "FIRM_CHANNEL_SQLITE_WAL",
+        True,
+        "bool",
+        "Put a SQLite database in WAL mode with ``synchronous=NORMAL`` (readers never block"
+        " the writer).",
+    ),
+    Key(
+        "FIRM_CHANNEL_LISTENER",
+        True,
+        "bool",
+        "``False``: this app only broadcasts; ``subscribe()`` raises.",
+    ),
+    Key(
+        "FIRM_CHANNEL_BIND_KEY",
+        None,
+        "str or None",
+        "A Flask-SQLAlchemy bind key to keep the table on another database (it must be in"
+        " ``SQLALCHEMY_BINDS``).",
+    ),
+    Key(
+        "FIRM_CHANNEL_LISTEN_URL",
+        None,
+        "str (URL) or None",
+        "PostgreSQL behind a transaction-mode pooler (PgBouncer, RDS Proxy, a managed"
+        " pooler): a direct connection URL for the listener's ``LISTEN`` (see"
+        " :ref:`behind-a-pooler`).",
+    ),
+    Key(
+        "FIRM_CHANNEL_SSE_HEARTBEAT",
+        15.0,
+        _SECONDS,
+        "Seconds of silence after which a stream sends a comment.",
+    ),
+    Key(
+        "FIRM_CHANNEL_SSE_RETRY",
+        3.0,
+        _SECONDS,
+        "The ``retry:`` hint: seconds a browser waits before it reconnects (also the"
+        " ``Retry-After`` of a 503).",
+    ),
+    Key(
+        "FIRM_CHANNEL_SSE_QUEUE_SIZE",
+        256,
+        "int",
+        "Messages a stream (or a ``listen()`` loop) may fall behind before it is dropped and"
+        " resumes.",
+    ),
+    Key(
+        "FIRM_CHANNEL_SSE_MAX_STREAMS",
+        1000,
+        "int",
+        "Open streams per process; past it, ``503`` with ``Retry-After``.",
+    ),
+    Key(
+        "FIRM_CHANNEL_ADMIN",
+        False,
+        "bool",
+        "Mount the :doc:`admin console </admin>`.",
+    ),
+    Key(
+        "FIRM_CHANNEL_ADMIN_PREFIX",
+        "/_channels",
+        "str (URL path)",
+        "Where the admin console is mounted.",
+    ),
+    Key(
+        "FIRM_CHANNEL_HEARTBEAT_INTERVAL",
+        None,
+        f"{_SECONDS}, or None",
+        "Seconds between a listening process's heartbeats; ``None``: 5 s while the admin"
+        " console is on, none otherwise; ``0``: none.",
+    ),
+)
+
 #: Every key ``init_app`` reads, with its default (set with ``app.config.setdefault``).
-DEFAULTS: dict[str, Any] = {
-    "FIRM_CHANNEL_POLLING_INTERVAL": 0.1,
-    "FIRM_CHANNEL_COMMIT_GRACE": 5.0,
-    "FIRM_CHANNEL_MESSAGE_RETENTION": 86400.0,
-    "FIRM_CHANNEL_TRIM_BATCH_SIZE": 100,
-    "FIRM_CHANNEL_AUTO_TRIM": True,
-    "FIRM_CHANNEL_MAX_PAYLOAD_SIZE": 1024 * 1024,
-    "FIRM_CHANNEL_WAKE_HINTS": True,
-    "FIRM_CHANNEL_SAFETY_INTERVAL": 5.0,
-    "FIRM_CHANNEL_BATCH_WINDOW": 0.005,
-    "FIRM_CHANNEL_SQLITE_WAL": True,
-    "FIRM_CHANNEL_LISTENER": True,
-    "FIRM_CHANNEL_BIND_KEY": None,
-    "FIRM_CHANNEL_LISTEN_URL": None,
-    "FIRM_CHANNEL_SSE_HEARTBEAT": 15.0,
-    "FIRM_CHANNEL_SSE_RETRY": 3.0,
-    "FIRM_CHANNEL_SSE_QUEUE_SIZE": 256,
-    "FIRM_CHANNEL_SSE_MAX_STREAMS": 1000,
-    "FIRM_CHANNEL_ADMIN": False,
-    "FIRM_CHANNEL_ADMIN_PREFIX": "/_channels",
-    #: ``None``: every 5 s while the admin console is on, none otherwise.
-    "FIRM_CHANNEL_HEARTBEAT_INTERVAL": None,
-}
+DEFAULTS: dict[str, Any] = {key.name: key.default for key in KEYS}
 
 #: Heartbeat interval used when ``FIRM_CHANNEL_HEARTBEAT_INTERVAL`` is ``None`` and the admin
 #: console is on.
