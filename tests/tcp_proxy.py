@@ -1,6 +1,6 @@
 """A real TCP proxy for tests: a thread between a client and a database server that can
-slow down new connections, silently stop forwarding (a proxy or NAT dropping a connection
-without a reset), or cut a connection as a statement goes out on it."""
+slow down new connections, leave them unanswered, silently stop forwarding (a proxy or NAT
+dropping a connection without a reset), or cut a connection as a statement goes out on it."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class BlackHoleProxy:
         self._holed: list[socket.socket] = []
         self._hole = threading.Event()
         self._cut = threading.Event()
+        #: While set, new connections are accepted and then left unanswered (a server or
+        #: network that does not answer a connect); :meth:`let_held_through` forwards them.
+        self.hold_new = threading.Event()
+        self._let_through = threading.Event()
+        self.held: list[socket.socket] = []
         #: Connections cut by :meth:`cut_next_send`, with what their client had sent.
         self.cut: list[bytes] = []
         self._stop = threading.Event()
@@ -43,6 +48,21 @@ class BlackHoleProxy:
         self._hole.set()
         wait_for(lambda: not self._hole.is_set())
         return len(self._holed) // 2
+
+    def let_held_through(self) -> None:
+        """Stop holding new connections and forward the held ones from now on (what their
+        clients sent meanwhile reaches the server)."""
+        self.hold_new.clear()
+        self._let_through.set()
+        wait_for(lambda: not self._let_through.is_set())
+
+    def _connect_upstream(self, client: socket.socket) -> None:
+        upstream = socket.create_connection(self.target)
+        self._peers[client], self._peers[upstream] = upstream, client
+        self._clients.add(client)
+        self._sel.register(client, selectors.EVENT_READ)
+        self._sel.register(upstream, selectors.EVENT_READ)
+        self.connections += 1
 
     def cut_next_send(self) -> None:
         """The next bytes any client sends are dropped, and its connection closed in both
@@ -59,6 +79,11 @@ class BlackHoleProxy:
                         self._holed.append(sock)
                     self._listening.discard(client)
                 self._hole.clear()
+            if self._let_through.is_set():
+                held, self.held = self.held, []
+                for client in held:
+                    self._connect_upstream(client)
+                self._let_through.clear()
             for key, _ in self._sel.select(0.02):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
@@ -66,14 +91,12 @@ class BlackHoleProxy:
                     continue
                 if sock is self.server:
                     client, _ = self.server.accept()
+                    if self.hold_new.is_set():
+                        self.held.append(client)
+                        continue
                     if self.handshake_delay:
                         time.sleep(self.handshake_delay)  # the delay is what is simulated
-                    upstream = socket.create_connection(self.target)
-                    self._peers[client], self._peers[upstream] = upstream, client
-                    self._clients.add(client)
-                    self._sel.register(client, selectors.EVENT_READ)
-                    self._sel.register(upstream, selectors.EVENT_READ)
-                    self.connections += 1
+                    self._connect_upstream(client)
                     continue
                 try:
                     data = sock.recv(65536)
@@ -102,7 +125,7 @@ class BlackHoleProxy:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        for sock in [*self._peers, *self._holed, self.server]:
+        for sock in [*self._peers, *self._holed, *self.held, self.server]:
             try:
                 sock.close()
             except OSError:

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
+from flask_firm_channel.engine.dialects import notify_channel_name
 from flask_firm_channel.engine.wake import NotifyHint
 
 from .conftest import wait_for
@@ -99,3 +100,59 @@ def test_a_quiet_healthy_listen_connection_is_kept(
     health = pubsub.health()
     assert health.wake_reconnects == 0 and health.wake_errors == 0
     assert health.wakes == 0, "the self-NOTIFY woke the listener"
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+def test_a_listen_reconnect_that_hangs_never_holds_the_listener(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    proxy: BlackHoleProxy,
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    """The LISTEN connection drops and its reconnect goes into a connect nobody answers:
+    meanwhile the listener polls the table, so messages still arrive within its polling
+    interval; once the connect goes through, LISTEN is back."""
+    listen_url = engine.url.set(host="127.0.0.1", port=proxy.port)
+    listening = make_pubsub(
+        auto_trim=False,
+        heartbeat_interval=0,
+        listen_url=listen_url.render_as_string(hide_password=False),
+    )
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    received: list[bytes] = []
+    listening.subscribe("held", received.append)
+    publisher.broadcast("held", "before")
+    wait_for(lambda: received == [b"before"])
+    wait_for(lambda: listening.health().wake_healthy)
+
+    proxy.hold_new.set()
+    name = notify_channel_name(table.name)
+    with engine.connect() as conn:
+        ended = conn.execute(
+            sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE pid <> pg_backend_pid() AND query LIKE :q"
+            ),
+            {"q": f"%LISTEN%{name}%"},
+        ).all()
+    assert len(ended) == 1, ended
+    # The hint saw its connection go and is connecting again, into the proxy that holds it.
+    wait_for(lambda: len(proxy.held) == 1)
+    sent = []
+    for i in range(8):
+        sent.append(f"while held {i}".encode())
+        publisher.broadcast("held", sent[-1])
+        # Polled every polling_interval (0.1 s); a listener stuck in the connect would
+        # bring nothing until the connect gives up or goes through.
+        wait_for(lambda n=i + 2: len(received) == n, timeout=5)
+    health = listening.health()
+    assert not health.wake_healthy and "connecting" in health.wake_detail
+    assert len(proxy.held) == 1, "the connect went through or was given up meanwhile"
+
+    proxy.let_held_through()
+    wait_for(lambda: listening.health().wake_healthy, timeout=15)
+    assert listening.health().wake_reconnects == 1
+    publisher.broadcast("held", "after")
+    wait_for(lambda: received[-1:] == [b"after"])
+    assert received == [b"before", *sent, b"after"]

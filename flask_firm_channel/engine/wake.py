@@ -4,7 +4,9 @@ milliseconds instead of sleeping a whole polling interval.
 A hint never carries a message. The table stays the only source of truth and the listener's
 periodic poll stays the safety net: a lost hint delays a message, it never loses one.
 
-Hints run no threads of their own: everything happens on the listener thread. The listener
+Hints do their work on the listener thread (only PostgreSQL's connects its LISTEN connection
+on a short-lived thread of its own, so that a server that does not answer never holds the
+listener, which polls the table meanwhile). The listener
 asks a hint how long it may sleep (:meth:`WakeHint.next_timeout`) and which descriptor to wait
 on meanwhile (:meth:`WakeHint.fileno`: PostgreSQL's LISTEN socket, SQLite's inotify watch; see
 ``doorbell.py``). When that descriptor turns readable it calls :meth:`WakeHint.readable`, and
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import select as _select
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -374,7 +377,11 @@ class NotifyHint(WakeHint):
 
     Notifications are read with libpq's own calls (``consume_input`` and ``notifies`` of
     psycopg's ``pgconn``): they never block, so the listener thread is never held here. Only
-    a change of buckets waits for the server's answer (one round trip).
+    a change of buckets waits for the server's answer (one round trip, PING_TIMEOUT at most).
+    The connection is made on a ``firm-channel-listen-connect`` thread: a connect into a
+    server or network that does not answer (SYN dropped, a proxy holding it) takes as long as
+    it takes there, while the listener polls the table every ``polling_interval``; the
+    listener takes the connection over at its next wake-up once it is made.
     """
 
     mode = "notify"
@@ -390,6 +397,9 @@ class NotifyHint(WakeHint):
     #: Reconnect delays: the first, doubling up to the last while attempts keep failing.
     RETRY_FIRST = 0.05
     RETRY_MAX = 5.0
+    #: How long the listener's start waits for the first connection before its first poll
+    #: (a reconnect is never waited for).
+    OPEN_WAIT = 2.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -419,9 +429,19 @@ class NotifyHint(WakeHint):
         self._warned = False
         #: The engine LISTEN connects with: ``listen_url``'s, or the app's.
         self._listen_engine: Engine | None = None
+        #: The connect in flight on its own thread, and what it came to (a connection or the
+        #: exception), handed over under the lock.
+        self._connect_lock = threading.Lock()
+        self._connector: threading.Thread | None = None
+        self._connected: tuple[Any, BaseException | None] | None = None
+        self._closed = False
 
     def open(self) -> None:
-        self._connect()
+        self._start_connect()
+        connector = self._connector
+        if connector is not None:
+            connector.join(self.OPEN_WAIT)
+        self._take_connection()
 
     def detail(self) -> str:
         channel = notify_channel_name(self.table.name)
@@ -436,13 +456,19 @@ class NotifyHint(WakeHint):
                 f"LISTEN {channel}_* ({len(self._listening)} of {NOTIFY_BUCKETS} buckets; "
                 f"{self.liveness.describe()})"
             )
-        return f"LISTEN {channel}_* down; table polled every {self.settings.polling_interval:g} s"
+        connecting = " (connecting)" if self._connector is not None else ""
+        return (
+            f"LISTEN {channel}_* down{connecting}; table polled every "
+            f"{self.settings.polling_interval:g} s"
+        )
 
     def fileno(self) -> int | None:
         return self._fd if self._conn is not None else None
 
     def next_timeout(self) -> float:
         if self._conn is None:
+            if self._connector is not None or self._connected is not None:
+                return self.settings.polling_interval  # taken over at the next wake-up
             retry = max(0.0, self._retry_at - time.monotonic())
             return min(self.settings.polling_interval, retry)
         timeout = min(self.settings.safety_interval, self.liveness.next_event())
@@ -459,8 +485,9 @@ class NotifyHint(WakeHint):
 
     def check(self) -> bool:
         if self._conn is None:
-            if time.monotonic() >= self._retry_at:
-                self._connect()
+            self._take_connection()
+            if self._conn is None and time.monotonic() >= self._retry_at:
+                self._start_connect()
             # Down: the table is polled instead. Just back: what was sent while nobody was
             # listening is found by this poll.
             return True
@@ -501,6 +528,11 @@ class NotifyHint(WakeHint):
             self._lost(exc)
 
     def close(self) -> None:
+        with self._connect_lock:
+            self._closed = True
+            connected, self._connected = self._connected, None
+        if connected is not None and connected[0] is not None:
+            close_quietly(connected[0])
         self._close_conn()
         engine, self._listen_engine = self._listen_engine, None
         if engine is not None and engine is not self.engine:
@@ -655,22 +687,66 @@ class NotifyHint(WakeHint):
         assert fd is not None
         _select.select([] if write else [fd], [fd] if write else [], [], left)
 
-    def _connect(self) -> None:
+    def _start_connect(self) -> None:
+        """Connect on a thread of its own, unless a connect is in flight already."""
+        with self._connect_lock:
+            if self._closed or self._connector is not None or self._connected is not None:
+                return
+            self._connector = threading.Thread(
+                target=self._connect_off_thread, name="firm-channel-listen-connect", daemon=True
+            )
+            self._connector.start()
+
+    def _connect_off_thread(self) -> None:
+        conn, error = None, None
         try:
-            import psycopg  # only on PostgreSQL with psycopg 3
+            conn = self._open_listen()
+        except Exception as exc:  # noqa: BLE001 - handed to the listener, which records it
+            error = exc
+        with self._connect_lock:
+            self._connector = None
+            if not self._closed:
+                self._connected = (conn, error)
+                return
+        if conn is not None:
+            close_quietly(conn)
+
+    def _open_listen(self) -> Any:
+        """A new autocommit connection LISTENing to the table's own channel."""
+        import psycopg  # only on PostgreSQL with psycopg 3
+        from psycopg import sql
+
+        # Kept for _read, which runs on every notification.
+        self._psycopg = psycopg
+        conn = dedicated_connection(self._engine_for_listen())
+        if conn is None or not hasattr(conn, "pgconn"):
+            close_quietly(conn)
+            raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
+        try:
+            conn.rollback()
+            conn.autocommit = True
+            name = notify_channel_name(self.table.name)
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
+        except BaseException:
+            close_quietly(conn)
+            raise
+        return conn
+
+    def _take_connection(self) -> None:
+        """Take over the connection the connect thread made (on the listener thread): LISTEN
+        to the followed buckets and send the probe; or record why it could not be made."""
+        with self._connect_lock:
+            connected, self._connected = self._connected, None
+        if connected is None:
+            return
+        conn, error = connected
+        try:
+            if error is not None:
+                raise error
             from psycopg import sql
 
-            # Kept for _read, which runs on every notification.
-            self._psycopg = psycopg
-
-            conn = dedicated_connection(self._engine_for_listen())
-            if conn is None or not hasattr(conn, "pgconn"):
-                raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
+            name = notify_channel_name(self.table.name)
             try:
-                conn.rollback()
-                conn.autocommit = True
-                name = notify_channel_name(self.table.name)
-                conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(name)))
                 self._ping_sql = (
                     sql.SQL("SELECT pg_notify({}, {})")
                     .format(sql.Literal(name), sql.Literal(PING_PAYLOAD))
