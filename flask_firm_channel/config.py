@@ -90,7 +90,8 @@ KEYS: tuple[Key, ...] = (
         _SECONDS,
         "Above 350 messages a second, polls are at least this far apart (at most 1 s), each"
         " reading every message that came meanwhile; a message after a quiet moment is read"
-        " at once; ``0`` polls for each message (see :ref:`sustained-traffic`).",
+        " at once; ``0`` polls for each message (see"
+        " :ref:`Sustained traffic <sustained-traffic>`).",
     ),
     Key(
         "FIRM_CHANNEL_SQLITE_WAL",
@@ -118,7 +119,7 @@ KEYS: tuple[Key, ...] = (
         "str (URL) or None",
         "PostgreSQL behind a transaction-mode pooler (PgBouncer, RDS Proxy, a managed"
         " pooler): a direct connection URL for the listener's ``LISTEN`` (see"
-        " :ref:`behind-a-pooler`).",
+        " :ref:`Behind a pooler <behind-a-pooler>`).",
     ),
     Key(
         "FIRM_CHANNEL_SSE_HEARTBEAT",
