@@ -1,4 +1,4 @@
-# Sourced by the other scripts: make ./.venv with the package and its test/driver extras.
+# Sourced by the other scripts: make ./.venv with the package and its test/driver/docs extras.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -8,4 +8,4 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # Quiet and quick when everything is already installed.
-.venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev,postgres,mysql]"
+.venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev,postgres,mysql,docs]"

@@ -1,0 +1,76 @@
+"""Sphinx configuration: ``bash scripts/docs.sh`` builds the site into ``docs/_build/html``."""
+
+from __future__ import annotations
+
+import doctest
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "_ext"))
+sys.path.insert(0, str(HERE.parent))
+
+import flask_firm_channel  # noqa: E402
+
+project = "flask-firm-channel"
+copyright = "flask-firm-channel contributors"
+release = flask_firm_channel.__version__
+version = release
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.doctest",
+    "myst_parser",
+    "sphinx_click",
+    "pallets_sphinx_themes",
+    "firm_config",
+    "public_names",
+]
+
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+exclude_patterns = ["_build", "admin/*.md"]
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+# The API reference: signatures with their type hints, hints shown in the description.
+autodoc_typehints = "description"
+autodoc_typehints_format = "short"
+autodoc_member_order = "bysource"
+autodoc_default_options = {"members": True, "undoc-members": False}
+autodoc_preserve_defaults = True
+
+# Nitpicky (-n): every cross-reference must resolve, except to the libraries we build on,
+# whose inventories are not fetched (the build works offline).
+nitpick_ignore_regex = [
+    ("py:class", r"(flask|flask_sqlalchemy|sqlalchemy|werkzeug|socketio|click|datetime)\..*"),
+    ("py:class", r"(Flask|SQLAlchemy|Engine|Table|MetaData|Session|Response|timedelta|datetime)"),
+    ("py:class", r"(collections\.abc|typing|_io|types|logging)\..*"),
+    # Internal types that show in public signatures; their use is described where they appear.
+    (
+        "py:class",
+        r"flask_firm_channel\.(extension\.FirmChannelState|engine\.(subscriptions\.SubscriptionRegistry"
+        r"|late\.PendingBroadcast|create\.Created|trim\.Trimmer))",
+    ),
+    ("py:class", r"(Fanout|PendingBroadcast)"),
+    ("py:data", r"MAX_GAPS"),
+]
+
+html_theme = "flask"
+html_theme_options = {"index_sidebar_logo": False}
+html_title = f"flask-firm-channel {release}"
+html_static_path: list[str] = []
+html_show_sourcelink = False
+html_context = {"project_links": []}
+
+# The code samples run as tests (``sphinx-build -b doctest``, tests/test_docs.py), each page
+# in a temporary directory of its own, on SQLite.
+doctest_global_setup = """
+import os
+import tempfile
+
+os.chdir(tempfile.mkdtemp(prefix="firm-channel-doctest-"))
+__name__ = "docs_example"  # what Flask(__name__) is given in the samples
+"""
+# Exception messages are part of what the samples show, so they are compared too.
+doctest_default_flags = doctest.ELLIPSIS | doctest.DONT_ACCEPT_TRUE_FOR_1
