@@ -1,11 +1,15 @@
 """Driver connections of the engine's own configuration, kept outside its pool.
 
-The listener's wake hints hold one for as long as they run. The publish path keeps a few in
-a small stack: a pooled connection pays a ROLLBACK on every return (a network round trip on
-MySQL), which a broadcast that has just committed does not need. The stack honours what the
-engine's pool was told: ``pool_recycle`` (a connection older than that is replaced) and
-``pool_pre_ping`` (an idle connection is pinged before it is used). An idle connection the
-server has spoken on unasked (``suspect``: it is closing it) is pinged too.
+The listener's reads and its wake hint hold one each, replaced once older than
+``pool_recycle`` at their next use (or quiet moment); with ``pool_pre_ping``, a read that
+finds its connection dead is run again at once on a new one instead of failing the poll.
+
+The publish path keeps a few in a small stack: a pooled connection pays a ROLLBACK on every
+return (a network round trip on MySQL), which a broadcast that has just committed does not
+need. The stack honours what the engine's pool was told: ``pool_recycle`` (a connection
+older than that is replaced) and ``pool_pre_ping`` (an idle connection is pinged before it is
+used). An idle connection the server has spoken on unasked (``suspect``: it is closing it) is
+pinged too.
 """
 
 from __future__ import annotations
@@ -37,6 +41,21 @@ def _forked() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
+
+
+def pool_recycle(engine: Engine) -> float | None:
+    """The engine's ``pool_recycle`` in seconds, or None when it is off."""
+    recycle = getattr(engine.pool, "_recycle", -1)
+    return float(recycle) if recycle is not None and recycle > 0 else None
+
+
+def pool_pre_ping(engine: Engine) -> bool:
+    return bool(getattr(engine.pool, "_pre_ping", False))
+
+
+def older_than(made_at: float, limit: float | None) -> bool:
+    """A connection made at ``made_at`` (monotonic) is past ``pool_recycle`` (``limit``)."""
+    return limit is not None and time.monotonic() - made_at > limit
 
 
 def keep_inherited(*objects: Any) -> None:
@@ -81,9 +100,8 @@ class ConnectionStack:
         self._born: dict[int, float] = {}
         self._lock = threading.Lock()
         self._generation = _fork_generation
-        recycle = getattr(engine.pool, "_recycle", -1)
-        self._recycle: float | None = float(recycle) if recycle and recycle > 0 else None
-        self._pre_ping = bool(getattr(engine.pool, "_pre_ping", False))
+        self._recycle = pool_recycle(engine)
+        self._pre_ping = pool_pre_ping(engine)
 
     def acquire(self) -> Any:
         while True:
@@ -91,7 +109,7 @@ class ConnectionStack:
                 if not self._idle or self._generation != _fork_generation:
                     break
                 conn, born = self._idle.pop()
-            if self._recycle is not None and time.monotonic() - born > self._recycle:
+            if older_than(born, self._recycle):
                 close_quietly(conn)
                 continue
             ping = self._pre_ping or (self._suspect is not None and self._suspect(conn))

@@ -9,6 +9,7 @@ whatever the table's size, statistics or plan cache. Statements are compiled onc
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
@@ -28,7 +29,13 @@ from sqlalchemy import (
 from sqlalchemy.sql import Select
 
 from .compiled import Compiled, result_processors
-from .connections import close_quietly, dedicated_connection
+from .connections import (
+    close_quietly,
+    dedicated_connection,
+    older_than,
+    pool_pre_ping,
+    pool_recycle,
+)
 from .dialects import Dialect
 from .drivers import Runner
 
@@ -64,6 +71,10 @@ class Reads:
         self._table = table
         self._conn: Any = None
         self._runner: Runner | None = None
+        #: When the connection was made (monotonic), for ``pool_recycle``.
+        self._made_at = 0.0
+        self._recycle = pool_recycle(engine)
+        self._pre_ping = pool_pre_ping(engine)
         self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
         t = table
         self._convert = result_processors(
@@ -91,6 +102,7 @@ class Reads:
             close_quietly(conn)
             raise
         self._conn, self._runner = conn, runner
+        self._made_at = time.monotonic()
         return runner
 
     def close(self) -> None:
@@ -101,8 +113,24 @@ class Reads:
             close_quietly(conn)
 
     def _run(self, compiled: Compiled, values: dict[str, Any]) -> list[Any]:
-        runner = self._runner or self._connect()
-        return runner.run(compiled, values)
+        runner = self._runner
+        if runner is not None and older_than(self._made_at, self._recycle):
+            self.close()  # pool_recycle: nothing is pending on it between two statements
+            runner = None
+        if runner is None:
+            return self._connect().run(compiled, values)
+        if not self._pre_ping:
+            return runner.run(compiled, values)
+        try:
+            return runner.run(compiled, values)
+        except Exception as exc:
+            # pool_pre_ping, without a round trip per read: a connection found dead (the
+            # server restarted, an idle timeout) is replaced and the read, which changes
+            # nothing, run again at once, instead of failing the poll.
+            if not self._engine.dialect.is_disconnect(exc, self._conn, None):  # type: ignore[arg-type]
+                raise
+            self.close()
+            return self._connect().run(compiled, values)
 
     # -- statements -----------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from sqlalchemy import Engine, NullPool, Table, create_engine, func, select
 
-from .connections import close_quietly, dedicated_connection
+from .connections import close_quietly, dedicated_connection, older_than, pool_recycle
 from .dialects import (
     MAX_WAIT_HASHES,
     NOTIFY_BUCKETS,
@@ -79,6 +79,9 @@ class WakeHint:
         self.table = table
         self.settings = settings
         self.interested = interested
+        #: The engine's ``pool_recycle`` (None: off): the hint's own connection is replaced
+        #: once older, at a moment when nothing is waited for on it.
+        self.recycle = pool_recycle(engine)
         self.healthy = True
         self.wakes = 0
         self.errors = 0
@@ -200,10 +203,12 @@ class DataVersionHint(WakeHint):
         self._hashes: tuple[int, ...] = ()
         self._probe_sql: str | None = None
         self._newest: int | None = None
+        self._made_at = 0.0
 
     def open(self) -> None:
         try:
             self._conn = dedicated_connection(self.engine)
+            self._made_at = time.monotonic()
             self._cursor = self._conn.cursor()
             self._version = self._read()
             if not self.healthy:
@@ -281,6 +286,12 @@ class DataVersionHint(WakeHint):
         if self._conn is None:
             if time.monotonic() >= self._retry_at:
                 self.open()
+            return True
+        if older_than(self._made_at, self.recycle) and not self._recheck:
+            # pool_recycle: a new connection, whose data_version starts from now; the poll
+            # this asks for finds whatever committed in between.
+            self._close_conn()
+            self.open()
             return True
         try:
             version = self._read()
@@ -435,6 +446,7 @@ class NotifyHint(WakeHint):
         self._connector: threading.Thread | None = None
         self._connected: tuple[Any, BaseException | None] | None = None
         self._closed = False
+        self._made_at = 0.0
 
     def open(self) -> None:
         self._start_connect()
@@ -493,6 +505,16 @@ class NotifyHint(WakeHint):
             return True
         if self._heard_wanted:
             self._heard_wanted = False
+            return True
+        if (
+            older_than(self._made_at, self.recycle)
+            and self._probe is None
+            and self.liveness.sent_at is None
+        ):
+            # pool_recycle: LISTEN again on a new connection (made off this thread); what
+            # is sent meanwhile is found by the reads this asks for.
+            self._close_conn()
+            self._start_connect()
             return True
         if self._probe is not None and time.monotonic() > self._probe_deadline:
             try:
@@ -769,6 +791,7 @@ class NotifyHint(WakeHint):
             return
         self.healthy = True
         self.epoch += 1
+        self._made_at = time.monotonic()
         self._backoff = self.RETRY_FIRST
         if self._connected_before:
             self.reconnects += 1
@@ -870,6 +893,7 @@ class AdaptivePollHint(WakeHint):
         self._idle = False
         #: The followed channel hashes the server wait asks about.
         self._hashes: tuple[int, ...] = ()
+        self._wait_made_at = 0.0
         #: The wait in flight asks about channels no longer the followed ones: the timer
         #: polls until it is answered, then a wait for the right ones is sent.
         self._stale = False
@@ -960,6 +984,9 @@ class AdaptivePollHint(WakeHint):
         if high_water is not None:
             self._high_water = high_water
         self._idle = not sustained and not gaps and following and not self._stale
+        if self._wait is not None and not self._waiting():
+            if older_than(self._wait_made_at, self.recycle):
+                self._close_wait()  # pool_recycle: nothing is waited for on it now
         if self._idle and not self._waiting():
             self._start_wait()
 
@@ -978,8 +1005,11 @@ class AdaptivePollHint(WakeHint):
         if not self._can_wait or time.monotonic() < self._retry_at:
             return
         try:
+            if self._wait is not None and older_than(self._wait_made_at, self.recycle):
+                self._close_wait()  # pool_recycle: nothing is waited for on it now
             if self._wait is None:
                 self._wait = self._open_wait()
+                self._wait_made_at = time.monotonic()
                 if self._wait is None:
                     self._can_wait = False
                     return
