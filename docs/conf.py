@@ -39,6 +39,7 @@ autodoc_typehints_format = "short"
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "undoc-members": False}
 autodoc_preserve_defaults = True
+toc_object_entries_show_parents = "hide"
 
 # Nitpicky (-n): every cross-reference must resolve, except to the libraries we build on,
 # whose inventories are not fetched (the build works offline).
