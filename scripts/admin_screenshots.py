@@ -1,4 +1,4 @@
-"""Take the README's screenshots of the admin console, light and dark, into docs/admin/.
+"""Take the screenshots of the admin console (docs/admin.md), light and dark, into docs/admin/.
 
     .venv/bin/python scripts/admin_screenshots.py
 

@@ -87,7 +87,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
                 bold=True,
             )
         terminalreporter.write_line(
-            "Start the server (see the README, 'Try it: two commands') to test every backend.",
+            "Start the server (see docs/development.md) to test every backend.",
             red=True,
         )
 

@@ -1,10 +1,10 @@
 """Hypothesis strategies for what a caller may hand ``broadcast``, and the documented answer.
 
-The answer (``expected_channel`` / ``expected_payload``) is written from the README's
-contract ("Bytes in, bytes out"), not from ``engine/validate.py``: a ``str`` is UTF-8, a
-bytes-like is its bytes, a channel is 1 to 1024 bytes outside the reserved internal range,
-a payload is at most the configured limit; anything else is a ``TypeError`` or ``ValueError``
-that says what is wrong.
+The answer (``expected_channel`` / ``expected_payload``) is written from the documented
+contract (docs/guarantees.md, "Bytes in, bytes out"), not from ``engine/validate.py``: a
+``str`` is UTF-8, a bytes-like is its bytes, a channel is 1 to 1024 bytes outside the reserved
+internal range, a payload is at most the configured limit; anything else is a ``TypeError`` or
+``ValueError`` that says what is wrong.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ from flask_firm_channel.engine.fanout import Fanout
 
 from .conftest import firm_channel_threads, wait_for
 
-#: The bound the README states: a message reaches the other subscriptions and the streams
-#: this soon after its broadcast returns, however long another callback blocks.
+#: The bound docs/quickstart.md states ("Callbacks"): a message reaches the other
+#: subscriptions and the streams this soon after its broadcast returns, however long another
+#: callback blocks.
 OTHERS_BOUND = 1.0
 
 

@@ -29,7 +29,7 @@ from .shared_table import World, shared_world
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = 2048
 LIMIT_KEY = "FIRM_CHANNEL_MAX_PAYLOAD_SIZE"
-#: The documented bounds (README, "Command line").
+#: The documented bounds (docs/cli.md).
 MAX_SECONDS = 100 * 365 * 86400
 MAX_BATCH = 10_000
 MAX_STATS_CHANNELS = 1000

@@ -1,6 +1,6 @@
 """``flask firm-channel create-table`` is safe to run from several processes at once (every
 worker of a deployment running it at start): all succeed, and the table exists once with its
-indexes. The README says to create the table before starting workers; this is the net."""
+indexes. docs/table.md says to create the table before starting workers; this is the net."""
 
 from __future__ import annotations
 

@@ -504,7 +504,7 @@ def test_systemexit_in_callback_does_not_stop_delivery(setup: Setup) -> None:
 
 
 #: How long a message on another channel may wait behind a subscriber callback that blocks
-#: (see the README, "Callbacks").
+#: (see docs/quickstart.md, "Callbacks").
 SLOW_CALLBACK_BOUND = 1.0
 
 

@@ -1,7 +1,7 @@
 """Load: 4 broadcaster processes x 4 subscriber processes on one channel, each broadcaster's
 transactions held open for a random 0-50 ms after the INSERT so commits land out of id order.
 Every subscriber gets every message exactly once, and each broadcaster's messages in the order
-it sent them (delivery follows commit visibility; see the README, "Exactly once, in order").
+it sent them (delivery follows commit visibility; see docs/guarantees.md).
 
 CI runs a reduced size; the full 5,000 messages per broadcaster run under the ``long`` marker:
 ``.venv/bin/python -m pytest tests/test_load.py -m long``."""
