@@ -70,8 +70,16 @@ doctest_global_setup = """
 import os
 import tempfile
 
-os.chdir(tempfile.mkdtemp(prefix="firm-channel-doctest-"))
+_doctest_home = os.getcwd()
+_doctest_dir = tempfile.mkdtemp(prefix="firm-channel-doctest-")
+os.chdir(_doctest_dir)
 __name__ = "docs_example"  # what Flask(__name__) is given in the samples
+"""
+doctest_global_cleanup = """
+import shutil
+
+os.chdir(_doctest_home)
+shutil.rmtree(_doctest_dir, ignore_errors=True)
 """
 # Exception messages are part of what the samples show, so they are compared too.
 doctest_default_flags = doctest.ELLIPSIS | doctest.DONT_ACCEPT_TRUE_FOR_1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
+import uuid
 from pathlib import Path
 
 from flask import Flask
@@ -12,9 +12,10 @@ from flask_firm_channel import FirmChannel
 
 
 def make_app(**config: object) -> tuple[Flask, SQLAlchemy, FirmChannel]:
-    """A Flask app with Flask-SQLAlchemy and a FirmChannel bound, its tables created."""
+    """A Flask app with Flask-SQLAlchemy and a FirmChannel bound, its tables created, on a
+    new SQLite file in the current directory (the doctest run's temporary one)."""
     app = Flask("docs_example")
-    path = Path(tempfile.mkdtemp(prefix="firm-channel-docs-")) / "app.db"
+    path = Path.cwd() / f"{uuid.uuid4().hex}.db"
     app.config.update(SQLALCHEMY_DATABASE_URI=f"sqlite:///{path}", SECRET_KEY="docs", **config)
     db = SQLAlchemy()
     db.init_app(app)
