@@ -51,9 +51,9 @@ nitpick_ignore_regex = [
     (
         "py:class",
         r"flask_firm_channel\.(extension\.FirmChannelState|engine\.(subscriptions\.SubscriptionRegistry"
-        r"|late\.PendingBroadcast|create\.Created|trim\.Trimmer))",
+        r"|create\.Created|trim\.Trimmer))",
     ),
-    ("py:class", r"(Fanout|PendingBroadcast)"),
+    ("py:class", r"Fanout"),
     ("py:data", r"MAX_GAPS"),
 ]
 

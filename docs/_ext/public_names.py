@@ -19,6 +19,7 @@ from sphinx.environment import BuildEnvironment
 DOCUMENTED = (
     "flask_firm_channel",
     "flask_firm_channel.extension",
+    "flask_firm_channel.engine",
     "flask_firm_channel.socketio",
     "flask_firm_channel.config",
 )
