@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from .engine import Settings
-from .engine.dialects import supported
+from .engine.backends import supported
 from .engine.settings import positive_int, to_seconds
 
 log = logging.getLogger("flask_firm_channel")

@@ -30,7 +30,7 @@ from .engine import (
     Subscription,
     message_table,
 )
-from .engine.dialects import dialect_for
+from .engine.backends import dialect_for
 from .engine.errors import memory_database_error
 from .engine.fanout import (
     Consumer,

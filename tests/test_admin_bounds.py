@@ -21,7 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel.admin import data
-from flask_firm_channel.engine.dialects import dialect_for
+from flask_firm_channel.engine.backends import dialect_for
 from flask_firm_channel.engine.settings import Settings
 from flask_firm_channel.engine.stats import (
     BYTES_SAMPLE,

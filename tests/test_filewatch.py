@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from flask_firm_channel import PubSub
-from flask_firm_channel.engine import wake
-from flask_firm_channel.engine.filewatch import FileWatch, WatchLost
+from flask_firm_channel.engine.backends.sqlite.filewatch import FileWatch, WatchLost
 
 from .conftest import wait_for
 
@@ -82,7 +81,7 @@ def test_sqlite_hint_watches_the_wal_and_delivers(
 def test_without_a_file_watch_data_version_is_read_on_a_timer(
     backend: str, make_pubsub: Callable[..., PubSub], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wake.FileWatch, "create", classmethod(lambda cls, paths: None))
+    monkeypatch.setattr(FileWatch, "create", classmethod(lambda cls, paths: None))
     pubsub = make_pubsub()
     received: list[bytes] = []
     pubsub.subscribe("t", received.append)

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub
-from flask_firm_channel.engine.dialects import notify_bucket
+from flask_firm_channel.engine.backends.postgresql import notify_bucket
 from flask_firm_channel.engine.table import channel_hash
 
 from .conftest import wait_for

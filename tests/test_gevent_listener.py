@@ -13,7 +13,7 @@ from typing import IO
 import pytest
 import sqlalchemy as sa
 
-from flask_firm_channel.engine.dialects import notify_channel_name
+from flask_firm_channel.engine.backends.postgresql import notify_channel_name
 from flask_firm_channel.engine.table import channel_hash
 
 from .conftest import wait_for

@@ -12,8 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
-from flask_firm_channel.engine.dialects import notify_channel_name
-from flask_firm_channel.engine.wake import NotifyHint
+from flask_firm_channel.engine.backends.postgresql import NotifyHint, notify_channel_name
 
 from .conftest import wait_for
 from .tcp_proxy import BlackHoleProxy

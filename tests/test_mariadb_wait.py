@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
-from flask_firm_channel.engine import drivers
+from flask_firm_channel.engine.backends.mysql import ServerWait
 
 from .conftest import wait_for
 
@@ -160,12 +160,12 @@ def test_a_server_that_refuses_the_wait_is_polled_on_the_timer(
 ) -> None:
     """As MySQL would (it has no compound statements outside stored programs): the server
     rejects the statement, and the hint polls on its timer from then on."""
-    real = drivers.ServerWait.__init__
+    real = ServerWait.__init__
 
-    def refused(self: drivers.ServerWait, conn: object, sql_for: Callable[..., str]) -> None:
+    def refused(self: ServerWait, conn: object, sql_for: Callable[..., str]) -> None:
         real(self, conn, lambda baseline, hashes, step: "BEGIN NOT ATOMIC NOT VALID SQL; END")
 
-    monkeypatch.setattr(drivers.ServerWait, "__init__", refused)
+    monkeypatch.setattr(ServerWait, "__init__", refused)
     pubsub = make_pubsub(auto_trim=False, safety_interval=NEVER)
     received: list[bytes] = []
     pubsub.subscribe("w", received.append)

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
-from flask_firm_channel.engine.dialects import NOTIFY_PAYLOAD_LIMIT, notify_channel_name
+from flask_firm_channel.engine.backends.postgresql import NOTIFY_PAYLOAD_LIMIT, notify_channel_name
 
 from .conftest import wait_for
 

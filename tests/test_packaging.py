@@ -111,7 +111,8 @@ def test_sdist_has_the_license_and_true_metadata(sdist: tarfile.TarFile) -> None
 
 def test_the_listen_path_uses_what_the_floor_guarantees() -> None:
     """The PostgreSQL listener talks to libpq through psycopg's ``pgconn`` and loads rows
-    with its ``Transformer`` (``drivers.py``, ``wake.py``); the declared floor is 3.2."""
+    with its ``Transformer`` (``backends/postgresql/``: ``runner.py``, ``wake.py``); the
+    declared floor is 3.2."""
     import psycopg
     from psycopg.adapt import Transformer
 

@@ -16,7 +16,7 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
 from flask_firm_channel import FirmChannel, PubSub, Settings
-from flask_firm_channel.engine.wake import NotifyHint
+from flask_firm_channel.engine.backends.postgresql import NotifyHint
 
 from .admin_support import ADMIN_CONFIG
 from .conftest import IN_CI, SERVER_URLS, row_count, wait_for

@@ -14,10 +14,11 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
+from flask_firm_channel.engine.backends import dialect_for
+from flask_firm_channel.engine.backends.base import CursorRunner
+from flask_firm_channel.engine.backends.mysql import PyMySQLRunner
 from flask_firm_channel.engine.compiled import Compiled
 from flask_firm_channel.engine.connections import dedicated_connection
-from flask_firm_channel.engine.dialects import dialect_for
-from flask_firm_channel.engine.drivers import CursorRunner, PyMySQLRunner
 
 from .conftest import wait_for
 

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings, channel_hash
 from flask_firm_channel.engine import listener
-from flask_firm_channel.engine.dialects import notify_channel_name
+from flask_firm_channel.engine.backends.mysql import AdaptivePollHint
+from flask_firm_channel.engine.backends.postgresql import notify_channel_name
 from flask_firm_channel.engine.table import utcnow
-from flask_firm_channel.engine.wake import AdaptivePollHint
 
 from .conftest import trace_statements, wait_for
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table
 
-from ..engine.dialects import Dialect
+from ..engine.backends import Dialect
 from ..engine.heartbeat import ProcessStatus, read_heartbeats
 from ..engine.settings import Settings
 from ..engine.stats import (

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Table, inspect
 
-from .dialects import Dialect
+from .backends import Dialect
 from .table import upgrade_indexes
 
 

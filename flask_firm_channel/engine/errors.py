@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from sqlalchemy.exc import DBAPIError
 
-from .dialects import Dialect
+from .backends import Dialect
 
 log = logging.getLogger("flask_firm_channel")
 

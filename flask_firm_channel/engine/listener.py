@@ -41,9 +41,9 @@ from typing import Any
 
 from sqlalchemy import Engine, Table
 
+from .backends import Dialect, WakeHint
 from .callbacks import CallbackRunner
 from .cursor import Cursor
-from .dialects import Dialect
 from .doorbell import Doorbell
 from .errors import PollErrors
 from .forkhold import DriverHold
@@ -54,7 +54,6 @@ from .reads import BATCH, Range, Reads, Row
 from .settings import Settings
 from .subscriptions import Snapshot, Subscription, SubscriptionRegistry
 from .table import channel_hash, missing_indexes
-from .wake import WakeHint
 
 log = logging.getLogger("flask_firm_channel")
 

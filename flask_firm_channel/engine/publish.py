@@ -15,8 +15,9 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.exc import DBAPIError
 
+from .backends import Dialect
+from .backends.base import INSERT_PARAMS
 from .connections import ConnectionStack, close_quietly
-from .dialects import INSERT_PARAMS, Dialect
 from .table import channel_hash, utcnow
 
 Row = tuple[bytes, bytes]

@@ -13,11 +13,11 @@ from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from .anchor import Anchor
+from .backends import dialect_for, make_hint
 from .callbacks import CallbackRunner
 from .connections import keep_inherited
 from .create import Created, create_table
 from .cursor import Cursor
-from .dialects import dialect_for
 from .errors import database_errors, memory_database_error, raise_as_dbapi_error
 from .health import ListenerHealth
 from .heartbeat import Heartbeat
@@ -29,7 +29,6 @@ from .settings import Duration, Settings
 from .subscriptions import Callback, Subscription, SubscriptionRegistry
 from .trim import Trimmer
 from .validate import encode_channel, encode_message, encode_messages
-from .wake import make_hint
 
 log = logging.getLogger("flask_firm_channel")
 

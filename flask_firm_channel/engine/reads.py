@@ -4,7 +4,7 @@ Every read is a union of index ranges, ``channel_hash IN (...) AND low < id <= h
 range is one descent of the ``(channel_hash, id)`` index and returns only the rows asked for,
 whatever the table's size, statistics or plan cache. Statements are compiled once per shape
 (how many hashes and ranges) and run on the driver without per-poll SQLAlchemy work
-(``drivers.py``).
+(``backends/*/runner.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -36,8 +36,10 @@ from .connections import (
     pool_pre_ping,
     pool_recycle,
 )
-from .dialects import Dialect
-from .drivers import Runner
+
+if TYPE_CHECKING:  # the backends read with this module's Row
+    from .backends import Dialect
+    from .backends.base import Runner
 
 #: Rows one open-ended range returns per poll; a listener that fell behind catches up in
 #: batches of this size instead of one unbounded read.

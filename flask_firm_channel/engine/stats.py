@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, case, func, select
 
-from .dialects import Dialect
+from .backends import Dialect
 from .internal import INTERNAL_END, INTERNAL_PREFIX, is_internal
 from .stored import newest_ids
 

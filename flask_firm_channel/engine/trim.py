@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Table, func, select
 from sqlalchemy.exc import DBAPIError
 
-from .dialects import Dialect
+from .backends import Dialect
 from .forkhold import DriverHold
 from .settings import Duration, Settings, to_seconds, trim_batch_size
 from .table import utcnow

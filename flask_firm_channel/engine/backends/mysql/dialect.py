@@ -1,0 +1,198 @@
+"""MySQL/MariaDB: multi-row INSERTs, SKIP LOCKED or locking trims, the idle wait."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    Table,
+    func,
+    select,
+    text,
+)
+from sqlalchemy.exc import DBAPIError
+
+from ..base.dialect import INSERT_PARAMS, Dialect, _chunks, _lock_key
+from ..base.runner import CursorRunner, Runner
+from .runner import PyMySQLRunner, ServerWait
+
+log = logging.getLogger("flask_firm_channel")
+
+
+_ER_LOCK_WAIT_TIMEOUT = 1205
+_ER_LOCK_DEADLOCK = 1213
+_ER_NO_SUCH_TABLE = 1146
+
+
+#: Seconds a MySQL create-table waits for another process creating the same table.
+_SCHEMA_LOCK_TIMEOUT = 60
+
+
+#: The server wait reads the newest id of at most this many followed channels, one index
+#: step each; a process following more waits on the table's newest id.
+MAX_WAIT_HASHES = 32
+
+
+class MySQLDialect(Dialect):
+    name = "mysql"
+    wake_kind = "adaptive"
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        # PyMySQL's socket is what server_spoke watches; other drivers keep INSERT + COMMIT.
+        self.publish_autocommit = engine.dialect.driver == "pymysql"
+
+    def _socket_of(self, conn: Any) -> int | None:
+        sock = getattr(conn, "_sock", None)
+        return None if sock is None else int(sock.fileno())
+
+    def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
+        if self.supports_skip_locked():
+            return stmt.with_for_update(skip_locked=True)
+        return stmt.with_for_update()
+
+    @contextmanager
+    def schema_lock(self, table_name: str) -> Iterator[Connection]:
+        # MySQL's DDL commits on its own, so the lock is a named one held by the connection.
+        name = f"firm_channel_ddl_{_lock_key(table_name) & 0xFFFFFFFFFFFF:x}"
+        with self.engine.connect() as conn:
+            got = conn.execute(select(func.get_lock(name, _SCHEMA_LOCK_TIMEOUT))).scalar()
+            if got != 1:
+                raise TimeoutError(
+                    f"waited {_SCHEMA_LOCK_TIMEOUT} s for another process creating table "
+                    f"{table_name}"
+                )
+            try:
+                yield conn
+                conn.commit()
+            finally:
+                conn.execute(select(func.release_lock(name)))
+                conn.commit()
+
+    def prepare_reader(self, conn: Any) -> None:
+        conn.rollback()
+        conn.autocommit(True)
+
+    def prepare_publisher(self, conn: Any) -> None:
+        if self.publish_autocommit:
+            self.prepare_reader(conn)
+
+    def reader(self, conn: Any) -> Runner:
+        return PyMySQLRunner(conn) if PyMySQLRunner.usable(conn) else CursorRunner(conn)
+
+    def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
+        # MariaDB runs a compound statement sent on its own (BEGIN NOT ATOMIC, 10.1+); MySQL
+        # only inside a stored procedure, which would need privileges to create.
+        if not getattr(self.engine.dialect, "is_mariadb", False) or not ServerWait.usable(conn):
+            return None
+        cursor = conn.cursor()
+        try:
+            # No statement time limit for this session: the wait is bounded by itself.
+            cursor.execute("SET SESSION max_statement_time = 0")
+        finally:
+            cursor.close()
+        name = self._qualified(table)
+
+        def sql_for(baseline: int, hashes: tuple[int, ...], step: float) -> str:
+            # SELECT ... INTO is a consistent read, each a statement of its own (autocommit)
+            # that sees every commit made before it. The newest id is that of the followed
+            # channels, one step down the (channel_hash, id) index each, so that another
+            # process's busy channel does not wake this one; past MAX_WAIT_HASHES channels,
+            # the table's newest id (one step down the primary key). (A subquery in the
+            # loop's condition would be a locking read, waiting behind any open transaction
+            # that inserted a row.)
+            b = int(baseline)
+            checks = max(1, round(seconds / step)) + 1
+            if 0 < len(hashes) <= MAX_WAIT_HASHES:
+                # Answered once a followed channel has an id past the baseline (the
+                # listener's high-water mark): nothing it has read, nothing of others.
+                waiting = f"m <= {b}"
+                newest = (
+                    "GREATEST("
+                    + ", ".join(
+                        f"COALESCE((SELECT MAX(id) FROM {name} WHERE channel_hash = {int(h)}), 0)"
+                        for h in hashes
+                    )
+                    + ", 0)"
+                )
+            else:
+                waiting = f"m = {b}"
+                newest = f"(SELECT COALESCE(MAX(id), 0) FROM {name})"
+            return (
+                f"BEGIN NOT ATOMIC DECLARE n INT DEFAULT 0; DECLARE m BIGINT DEFAULT {b}; "
+                f"WHILE {waiting} AND n < {checks} DO "
+                f"IF n > 0 THEN DO SLEEP({step:.3f}); END IF; "
+                f"SELECT {newest} INTO m; SET n = n + 1; "
+                "END WHILE; SELECT m; END"
+            )
+
+        return ServerWait(conn, sql_for)
+
+    def missing_table(self, orig: BaseException) -> bool:
+        args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+        return bool(args) and args[0] == _ER_NO_SUCH_TABLE
+
+    def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
+        # MariaDB 10.5+ returns every row's id from one multi-row INSERT ... RETURNING, in
+        # one round trip (MySQL has no RETURNING, and lastrowid is the first id only).
+        if len(params) == 1 or not self.supports_returning():
+            return super().insert_many(cursor, sql, params, returns_id)
+        head = sql.split(" VALUES ", 1)[0]
+        group = "(" + ", ".join(["%s"] * len(INSERT_PARAMS)) + ")"
+        ids: list[int] = []
+        for chunk in _chunks(params):
+            flat = [
+                value
+                for row in chunk
+                for value in (
+                    [row[name] for name in INSERT_PARAMS] if isinstance(row, dict) else row
+                )
+            ]
+            cursor.execute(f"{head} VALUES {', '.join([group] * len(chunk))} RETURNING id", flat)
+            ids.extend(int(r[0]) for r in cursor.fetchall())
+        return ids
+
+    def supports_returning(self) -> bool:
+        version = self.engine.dialect.server_version_info or (0,)
+        return bool(getattr(self.engine.dialect, "is_mariadb", False)) and tuple(version[:2]) >= (
+            10,
+            5,
+        )
+
+    def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
+        # PyMySQL reports the server's error number, not the SQLSTATE. MariaDB reports
+        # deadlocks between concurrent trimmers even with SKIP LOCKED.
+        args: tuple[Any, ...] = tuple(getattr(exc.orig, "args", ()))
+        return bool(args) and args[0] in (_ER_LOCK_DEADLOCK, _ER_LOCK_WAIT_TIMEOUT)
+
+    def _catalogue(self, conn: Connection, table: Table) -> Any:
+        # Kept by the server (InnoDB's estimate, refreshed by its statistics), not counted.
+        return conn.execute(
+            text(
+                "SELECT TABLE_ROWS, DATA_LENGTH + INDEX_LENGTH FROM information_schema.TABLES"
+                " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = :name"
+            ),
+            {"name": table.name},
+        ).first()
+
+    def estimated_rows(self, conn: Connection, table: Table) -> int | None:
+        row = self._catalogue(conn, table)
+        return None if row is None or row[0] is None else int(row[0])
+
+    def table_size(self, conn: Connection, table: Table) -> tuple[int | None, str]:
+        row = self._catalogue(conn, table)
+        if row is None or row[1] is None:
+            return None, "unknown"
+        return int(row[1]), "table and indexes"
+
+    def supports_skip_locked(self) -> bool:
+        version = self.engine.dialect.server_version_info or (0,)
+        if getattr(self.engine.dialect, "is_mariadb", False):
+            return tuple(version[:2]) >= (10, 6)
+        return tuple(version[:3]) >= (8, 0, 1)
