@@ -18,6 +18,7 @@ from flask_firm_channel import PubSub, Settings
 from flask_firm_channel.engine.backends.mysql import ServerWait
 
 from .conftest import wait_for
+from .tcp_proxy import BlackHoleProxy
 
 NEVER = 60.0
 pytestmark = pytest.mark.parametrize("backend", ["mysql"], indirect=True)
@@ -51,9 +52,9 @@ def waiting_statements(engine: sa.Engine, table: sa.Table) -> list[tuple[int, fl
             sa.text(
                 "SELECT id, time_ms, COALESCE(state, '') FROM information_schema.processlist "
                 "WHERE command = 'Query' AND id <> CONNECTION_ID() "
-                "AND (info LIKE 'DO SLEEP(%' OR info LIKE :read)"
+                "AND (info LIKE :sleep OR (info LIKE 'SELECT %INTO m%' AND info LIKE :read))"
             ),
-            {"read": f"SELECT COALESCE(MAX(id), 0) INTO m FROM `{table.name}`%"},
+            {"sleep": f"DO SLEEP(%), '{table.name}'", "read": f"%FROM `{table.name}`%"},
         ).all()
     return [(int(i), float(ms), str(s)) for i, ms, s in rows]
 
@@ -178,3 +179,51 @@ def test_a_server_that_refuses_the_wait_is_polled_on_the_timer(
     errors = pubsub.health().wake_errors
     time.sleep(1.5)  # a measuring window: no retry of a statement the server refused
     assert pubsub.health().wake_errors == errors
+
+
+def test_a_wait_reconnect_that_hangs_never_holds_the_listener(
+    db_url: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    publisher: PubSub,
+) -> None:
+    """The wait's connection is killed and its reconnect goes into a connect nobody answers
+    (the driver's connect timeout is longer than the test): meanwhile the listener polls the
+    table on its timer, so messages arrive in milliseconds; once the connect goes through,
+    the listener waits in the server again."""
+    direct = sa.engine.make_url(db_url)
+    proxy = BlackHoleProxy((direct.host or "127.0.0.1", direct.port or 3306))
+    proxied = sa.create_engine(
+        direct.set(host="127.0.0.1", port=proxy.port), connect_args={"connect_timeout": 60}
+    )
+    pubsub = PubSub(proxied, table, Settings(auto_trim=False, safety_interval=NEVER))
+    try:
+        received: list[bytes] = []
+        pubsub.subscribe("w", received.append)
+        victim = idle_and_waiting(pubsub, engine, table)
+        proxy.hold_new.set()
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"KILL {victim}")
+        # Tried again after a second, into the proxy that holds the connect.
+        wait_for(lambda: len(proxy.held) == 1, timeout=10)
+        sent = []
+        for i in range(8):
+            sent.append(f"while held {i}".encode())
+            publisher.broadcast("w", sent[-1])
+            # The timer polls every 40 ms at most; a listener stuck in the connect would
+            # bring nothing until the connect gives up (60 s) or goes through.
+            wait_for(lambda n=i + 1: len(received) == n, timeout=5)
+        assert "polled every" in pubsub.health().wake_detail
+        assert len(proxy.held) == 1, "the connect went through or was given up meanwhile"
+
+        proxy.let_held_through()
+        again = idle_and_waiting(pubsub, engine, table)
+        assert again != victim
+        publisher.broadcast("w", "after")
+        wait_for(lambda: received[-1:] == [b"after"])
+        assert received == [*sent, b"after"]
+    finally:
+        pubsub.close()
+        proxy.let_held_through()
+        proxy.close()
+        proxied.dispose()

@@ -157,7 +157,8 @@ class Dialect:
         conn.autocommit = True
 
     def reader(self, conn: Any) -> Runner:
-        """What runs the listener's statements on ``conn`` (see ``base/runner.py`` and each backend's ``runner.py``)."""
+        """What runs the listener's statements on ``conn`` (see ``base/runner.py`` and each
+        backend's ``runner.py``)."""
         return CursorRunner(conn)
 
     def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:

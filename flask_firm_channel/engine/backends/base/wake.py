@@ -4,9 +4,10 @@ milliseconds instead of sleeping a whole polling interval.
 A hint never carries a message. The table stays the only source of truth and the listener's
 periodic poll stays the safety net: a lost hint delays a message, it never loses one.
 
-Hints do their work on the listener thread (only PostgreSQL's connects its LISTEN connection
-on a short-lived thread of its own, so that a server that does not answer never holds the
-listener, which polls the table meanwhile). The listener
+Hints do their work on the listener thread, but for connecting: PostgreSQL's LISTEN connection
+and MariaDB's wait connection are made on a short-lived thread of their own (``connect.py``),
+so that a server that does not answer never holds the listener, which polls the table
+meanwhile. The listener
 asks a hint how long it may sleep (:meth:`WakeHint.next_timeout`) and which descriptor to wait
 on meanwhile (:meth:`WakeHint.fileno`: PostgreSQL's LISTEN socket, SQLite's inotify watch; see
 ``doorbell.py``). When that descriptor turns readable it calls :meth:`WakeHint.readable`, and

@@ -98,6 +98,9 @@ class MySQLDialect(Dialect):
         finally:
             cursor.close()
         name = self._qualified(table)
+        # Named in each sleep, so that the server's process list says which table a waiting
+        # connection watches (the loop's current step is all it shows).
+        label = "'" + table.name.replace("\\", "\\\\").replace("'", "''") + "'"
 
         def sql_for(baseline: int, hashes: tuple[int, ...], step: float) -> str:
             # SELECT ... INTO is a consistent read, each a statement of its own (autocommit)
@@ -127,7 +130,7 @@ class MySQLDialect(Dialect):
             return (
                 f"BEGIN NOT ATOMIC DECLARE n INT DEFAULT 0; DECLARE m BIGINT DEFAULT {b}; "
                 f"WHILE {waiting} AND n < {checks} DO "
-                f"IF n > 0 THEN DO SLEEP({step:.3f}); END IF; "
+                f"IF n > 0 THEN DO SLEEP({step:.3f}), {label}; END IF; "
                 f"SELECT {newest} INTO m; SET n = n + 1; "
                 "END WHILE; SELECT m; END"
             )

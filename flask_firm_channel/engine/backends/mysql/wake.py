@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ...connections import close_quietly, dedicated_connection, older_than
+from ..base.connect import Connector
 from ..base.wake import WakeHint
 from .dialect import MAX_WAIT_HASHES
 from .runner import ServerWait
@@ -95,6 +96,9 @@ class AdaptivePollHint(WakeHint):
         #: The wait in flight asks about channels no longer the followed ones: the timer
         #: polls until it is answered, then a wait for the right ones is sent.
         self._stale = False
+        #: Connects the wait's connection off the listener thread, which polls on the timer
+        #: meanwhile: a server that does not answer a connect never holds the listener.
+        self._connector = Connector(self._open_wait, "firm-channel-wait-connect")
 
     def _slowest(self) -> float:
         return max(self._fast, min(self.settings.polling_interval, self.CEILING))
@@ -205,12 +209,9 @@ class AdaptivePollHint(WakeHint):
         try:
             if self._wait is not None and older_than(self._wait_made_at, self.recycle):
                 self._close_wait()  # pool_recycle: nothing is waited for on it now
-            if self._wait is None:
-                self._wait = self._open_wait()
-                self._wait_made_at = time.monotonic()
-                if self._wait is None:
-                    self._can_wait = False
-                    return
+            if self._wait is None and not self._take_wait():
+                return  # connecting: the timer polls meanwhile
+            assert self._wait is not None
             followed = 0 < len(self._hashes) <= MAX_WAIT_HASHES
             baseline = self._high_water if followed else self._newest
             # Checks as often as the busy poll while messages came lately, else every 20 ms.
@@ -221,7 +222,24 @@ class AdaptivePollHint(WakeHint):
         except Exception as exc:
             self._wait_failed(exc)
 
+    def _take_wait(self) -> bool:
+        """Take the connection the connect thread made, or ask for one; False until there
+        is a wait to send on. Raises why the connect failed."""
+        made = self._connector.take()
+        if made is None:
+            self._connector.start()
+            return False
+        wait, error = made
+        if error is not None:
+            raise error
+        if wait is None:
+            self._can_wait = False  # MySQL, or a driver other than PyMySQL
+            return False
+        self._wait, self._wait_made_at = wait, time.monotonic()
+        return True
+
     def _open_wait(self) -> ServerWait | None:
+        """On the connect thread: a new connection, ready to send server waits on."""
         if self.dialect is None:
             return None
         conn = dedicated_connection(self.engine)
@@ -257,6 +275,7 @@ class AdaptivePollHint(WakeHint):
         log.warning("firm-channel idle wait failed, polling until it is back: %s", exc)
 
     def close(self) -> None:
+        self._connector.close()
         self._close_wait()
 
     def _close_wait(self) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import select as _select
-import threading
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ from sqlalchemy import Engine, NullPool, create_engine, func, select
 
 from ...connections import close_quietly, dedicated_connection, older_than
 from ...reads import Row
+from ..base.connect import Connector
 from ..base.wake import WakeHint
 from .liveness import PING_PAYLOAD, Liveness
 from .notes import NOTIFY_BUCKETS, notify_bucket, notify_channel_name, parse_note
@@ -96,19 +96,13 @@ class NotifyHint(WakeHint):
         self._warned = False
         #: The engine LISTEN connects with: ``listen_url``'s, or the app's.
         self._listen_engine: Engine | None = None
-        #: The connect in flight on its own thread, and what it came to (a connection or the
-        #: exception), handed over under the lock.
-        self._connect_lock = threading.Lock()
-        self._connector: threading.Thread | None = None
-        self._connected: tuple[Any, BaseException | None] | None = None
-        self._closed = False
+        #: Connects LISTEN's connection off the listener thread.
+        self._connector = Connector(self._open_listen, "firm-channel-listen-connect")
         self._made_at = 0.0
 
     def open(self) -> None:
-        self._start_connect()
-        connector = self._connector
-        if connector is not None:
-            connector.join(self.OPEN_WAIT)
+        self._connector.start()
+        self._connector.join(self.OPEN_WAIT)
         self._take_connection()
 
     def detail(self) -> str:
@@ -124,7 +118,7 @@ class NotifyHint(WakeHint):
                 f"LISTEN {channel}_* ({len(self._listening)} of {NOTIFY_BUCKETS} buckets; "
                 f"{self.liveness.describe()})"
             )
-        connecting = " (connecting)" if self._connector is not None else ""
+        connecting = " (connecting)" if self._connector.connecting else ""
         return (
             f"LISTEN {channel}_* down{connecting}; table polled every "
             f"{self.settings.polling_interval:g} s"
@@ -135,7 +129,7 @@ class NotifyHint(WakeHint):
 
     def next_timeout(self) -> float:
         if self._conn is None:
-            if self._connector is not None or self._connected is not None:
+            if self._connector.busy:
                 return self.settings.polling_interval  # taken over at the next wake-up
             retry = max(0.0, self._retry_at - time.monotonic())
             return min(self.settings.polling_interval, retry)
@@ -155,7 +149,7 @@ class NotifyHint(WakeHint):
         if self._conn is None:
             self._take_connection()
             if self._conn is None and time.monotonic() >= self._retry_at:
-                self._start_connect()
+                self._connector.start()
             # Down: the table is polled instead. Just back: what was sent while nobody was
             # listening is found by this poll.
             return True
@@ -170,7 +164,7 @@ class NotifyHint(WakeHint):
             # pool_recycle: LISTEN again on a new connection (made off this thread); what
             # is sent meanwhile is found by the reads this asks for.
             self._close_conn()
-            self._start_connect()
+            self._connector.start()
             return True
         if self._probe is not None and time.monotonic() > self._probe_deadline:
             try:
@@ -206,11 +200,7 @@ class NotifyHint(WakeHint):
             self._lost(exc)
 
     def close(self) -> None:
-        with self._connect_lock:
-            self._closed = True
-            connected, self._connected = self._connected, None
-        if connected is not None and connected[0] is not None:
-            close_quietly(connected[0])
+        self._connector.close()
         self._close_conn()
         engine, self._listen_engine = self._listen_engine, None
         if engine is not None and engine is not self.engine:
@@ -365,30 +355,6 @@ class NotifyHint(WakeHint):
         assert fd is not None
         _select.select([] if write else [fd], [fd] if write else [], [], left)
 
-    def _start_connect(self) -> None:
-        """Connect on a thread of its own, unless a connect is in flight already."""
-        with self._connect_lock:
-            if self._closed or self._connector is not None or self._connected is not None:
-                return
-            self._connector = threading.Thread(
-                target=self._connect_off_thread, name="firm-channel-listen-connect", daemon=True
-            )
-            self._connector.start()
-
-    def _connect_off_thread(self) -> None:
-        conn, error = None, None
-        try:
-            conn = self._open_listen()
-        except Exception as exc:  # noqa: BLE001 - handed to the listener, which records it
-            error = exc
-        with self._connect_lock:
-            self._connector = None
-            if not self._closed:
-                self._connected = (conn, error)
-                return
-        if conn is not None:
-            close_quietly(conn)
-
     def _open_listen(self) -> Any:
         """A new autocommit connection LISTENing to the table's own channel."""
         import psycopg  # only on PostgreSQL with psycopg 3
@@ -413,8 +379,7 @@ class NotifyHint(WakeHint):
     def _take_connection(self) -> None:
         """Take over the connection the connect thread made (on the listener thread): LISTEN
         to the followed buckets and send the probe; or record why it could not be made."""
-        with self._connect_lock:
-            connected, self._connected = self._connected, None
+        connected = self._connector.take()
         if connected is None:
             return
         conn, error = connected
