@@ -402,16 +402,12 @@ class FirmChannel:
 
     def stream_stats(self) -> dict[str, int]:
         """This process's streams for the current app: ``open`` now (and ``listening``
-        ``listen()`` loops), ``opened`` and ``dropped`` (fell behind) since it started."""
+        ``listen()`` loops); ``opened``, ``dropped`` (fell behind) and ``rejected`` (at the
+        cap) since it started."""
         fanout = self.state()._fanout
         if fanout is None:
-            return {"open": 0, "listening": 0, "opened": 0, "dropped": 0}
-        return {
-            "open": fanout.count("stream"),
-            "listening": fanout.count("listen"),
-            "opened": fanout.opened,
-            "dropped": fanout.overflows,
-        }
+            return {"open": 0, "listening": 0, "opened": 0, "dropped": 0, "rejected": 0}
+        return fanout.stats()
 
     def trim(
         self,

@@ -8,4 +8,4 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 # Quiet and quick when everything is already installed.
-.venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev,postgres,mysql,docs]"
+.venv/bin/python -m pip install --disable-pip-version-check -q -e ".[dev,postgres,mysql,docs,metrics]"

@@ -19,6 +19,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoes
 from sqlalchemy import Connection
 
 from ..engine.fanout import Message
+from ..engine.heartbeat import read_heartbeats
 from ..engine.stats import capped_count
 from ..engine.stored import PREVIEW_BYTES, StoredMessage, message
 from ..engine.table import utcnow
@@ -150,6 +151,22 @@ def create_blueprint(extension: FirmChannel) -> Blueprint:
         with reading() as (conn, w):
             data = processes_fragment(conn, w, now)
         return page("_processes.html", now_epoch=epoch(now), **data)
+
+    @bp.get("/metrics")
+    def metrics() -> Response:
+        """Prometheus metrics of every listening process, from their heartbeats: any worker
+        answers for the whole fleet, each process as of its latest heartbeat."""
+        try:
+            from ..metrics import CONTENT_TYPE, fleet_exposition
+        except ImportError:
+            return Response(
+                "Metrics need prometheus_client: pip install 'flask-firm-channel[metrics]'\n",
+                status=501,
+                mimetype="text/plain",
+            )
+        with reading() as (conn, w):
+            processes = read_heartbeats(conn, w.table)
+        return Response(fleet_exposition(processes), content_type=CONTENT_TYPE)
 
     @bp.get("/trim")
     def trim_preview() -> str:

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any
 
+from . import tracing
 from .subscriptions import Subscription
 
 log = logging.getLogger("flask_firm_channel")
@@ -151,7 +152,12 @@ class CallbackRunner:
 
     def _call(self, sub: Subscription, value: Any, msg_id: int | None) -> None:
         try:
-            sub.callback(value)
+            if tracing.TRACER is None:
+                sub.callback(value)
+            else:
+                channel = tracing.channel_of(value, sub.channels)
+                msg_id = msg_id if msg_id is not None else getattr(value, "id", None)
+                tracing.receive(sub.callback, value, channel, msg_id)
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a callback too: logged
             if isinstance(exc, (SystemExit, KeyboardInterrupt)) and sys.is_finalizing():
                 return

@@ -165,7 +165,11 @@ class Fanout:
         self.overflows = 0
         #: Consumers opened since this fanout was made.
         self.opened = 0
+        #: Consumers refused because ``limit`` of their kind were open.
+        self.rejected = 0
         _fanouts.add(self)
+        # The PubSub's heartbeat (and so the fleet's metrics) reports these counts.
+        pubsub.stream_stats = self.stats
 
     def open(
         self,
@@ -189,6 +193,7 @@ class Fanout:
             if self._closed or self.pubsub.closed:
                 raise FanoutClosed("this process is shutting down")
             if limit is not None and self.count(kind) >= limit:
+                self.rejected += 1
                 raise TooManyConsumers(f"{limit} {kind}s are open in this process (the limit)")
             self._open.add(consumer)
             self.opened += 1
@@ -204,6 +209,18 @@ class Fanout:
     def count(self, kind: str | None = None) -> int:
         """Open consumers (of ``kind``, or all)."""
         return sum(1 for c in list(self._open) if kind is None or c.kind == kind)
+
+    def stats(self) -> dict[str, int]:
+        """Browser streams ``open`` now, ``listen()`` loops ``listening`` now, and since this
+        fanout was made: consumers ``opened``, ``dropped`` for falling behind, ``rejected`` at
+        the stream cap."""
+        return {
+            "open": self.count("stream"),
+            "listening": self.count("listen"),
+            "opened": self.opened,
+            "dropped": self.overflows,
+            "rejected": self.rejected,
+        }
 
     def shutdown(self) -> None:
         """End every consumer now and refuse new ones (the process is stopping)."""

@@ -52,6 +52,8 @@ class ListenerHealth:
     high_water: int | None = None
     open_gaps: int = 0
     resets: int = 0
+    #: Messages this process broadcast (stored) on this table, listening or not.
+    broadcasts: int = 0
     #: Broadcasts in a caller's transaction that committed past the commit grace (each
     #: logged as a warning): listeners may have skipped them.
     late_commits: int = 0

@@ -70,11 +70,13 @@ class Heartbeat:
         channels: Callable[[], Sequence[bytes]],
         *,
         settings: dict[str, float],
+        streams: Callable[[], dict[str, int]] = dict,
     ) -> None:
         self.interval = interval
         self._publish = publish
         self._health = health
         self._channels = channels
+        self._streams = streams
         self._settings = settings
         self.pid = os.getpid()
         self.host = socket.gethostname()
@@ -147,25 +149,52 @@ class Heartbeat:
             "sent_at": now,
             "interval": self.interval,
             "stopped": stopped,
-            "running": health.running,
-            "wake_mode": health.wake_mode,
-            "wake_healthy": health.wake_healthy,
-            "wake_detail": health.wake_detail,
-            "wake_last_error": health.wake_last_error,
-            "last_poll_at": health.last_poll_at,
-            "polls": health.polls,
-            "delivered": health.delivered,
-            "errors": health.errors,
-            "subscriber_errors": health.subscriber_errors,
-            "restarts": health.restarts,
-            "last_error": health.last_error,
-            "last_error_at": health.last_error_at,
-            "lag": health.lag,
+            **figures(health, self._streams()),
             "channel_count": len(channels),
             "channels": [_name(ch) for ch in channels[:MAX_CHANNEL_NAMES]],
             **self._settings,
         }
         return json.dumps(beat, separators=(",", ":")).encode()
+
+
+def figures(health: ListenerHealth, streams: dict[str, int]) -> dict[str, Any]:
+    """What a heartbeat says about its process's listener and streams: the admin console
+    shows these, and the fleet's metrics (``flask_firm_channel.metrics``) export them.
+
+    Fields are only ever added: a reader takes a field an older heartbeat lacks as absent.
+    """
+    return {
+        "running": health.running,
+        "wake_mode": health.wake_mode,
+        "wake_healthy": health.wake_healthy,
+        "wake_detail": health.wake_detail,
+        "wake_last_error": health.wake_last_error,
+        "wakes": health.wakes,
+        "wake_errors": health.wake_errors,
+        "wake_reconnects": health.wake_reconnects,
+        "last_poll_at": health.last_poll_at,
+        "polls": health.polls,
+        "rows_read": health.rows_read,
+        "carried": health.carried,
+        "broadcasts": health.broadcasts,
+        "delivered": health.delivered,
+        "errors": health.errors,
+        "subscriber_errors": health.subscriber_errors,
+        "restarts": health.restarts,
+        "last_error": health.last_error,
+        "last_error_at": health.last_error_at,
+        "lag": health.lag,
+        "late_commits": health.late_commits,
+        "callback_backlog": health.callback_backlog,
+        "callback_catchups": health.callback_catchups,
+        "callback_dropped": health.callback_dropped,
+        "resets": health.resets,
+        "streams_open": streams.get("open", 0),
+        "streams_opened": streams.get("opened", 0),
+        "streams_dropped": streams.get("dropped", 0),
+        "streams_rejected": streams.get("rejected", 0),
+        "listening": streams.get("listening", 0),
+    }
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import Connection, Engine, Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from . import tracing
 from .anchor import Anchor
 from .backends import dialect_for, make_hint
 from .callbacks import CallbackRunner
@@ -33,6 +34,10 @@ from .validate import encode_channel, encode_message, encode_messages
 log = logging.getLogger("flask_firm_channel")
 
 _instances: weakref.WeakSet[PubSub] = weakref.WeakSet()
+
+
+def _no_streams() -> dict[str, int]:
+    return {}
 
 
 class PubSub:
@@ -70,6 +75,11 @@ class PubSub:
         self._trimmer = Trimmer(self.dialect, table, self.settings)
         self._closed = False
         self._held: list[Listener | Trimmer | Heartbeat | CallbackRunner] = []
+        self._broadcasts = 0
+        self._count_lock = threading.Lock()
+        #: This process's consumers of this PubSub (streams, ``listen()`` loops), as the
+        #: heartbeat reports them; the :class:`~.fanout.Fanout` built on it sets this.
+        self.stream_stats: Callable[[], dict[str, int]] = _no_streams
         self._heartbeat = self._new_heartbeat()
         _instances.add(self)
 
@@ -104,10 +114,15 @@ class PubSub:
         if not rows:
             return []
         try:
-            ids = self._publisher.publish(rows, connection)
+            if tracing.TRACER is None:
+                ids = self._publisher.publish(rows, connection)
+            else:
+                ids = tracing.publish(self._publisher.publish, rows, connection)
         except Exception as exc:
             # As database_errors() does, without a context manager's cost on every broadcast.
             raise_as_dbapi_error(exc, self.dialect, self.table.name)
+        with self._count_lock:
+            self._broadcasts += len(rows)
         followed = self._registry.snapshot().by_channel
         # A broadcasting process that follows nothing (the common web worker) skips the scan.
         if connection is None and followed and any(channel in followed for channel, _ in rows):
@@ -285,6 +300,7 @@ class PubSub:
             self._publisher.publish,
             self.health,
             lambda: list(self._registry.snapshot().by_channel),
+            streams=lambda: self.stream_stats(),
             settings={
                 "polling_interval": s.polling_interval,
                 "safety_interval": s.safety_interval,
@@ -301,6 +317,7 @@ class PubSub:
         listener = self._listener
         health = listener.health() if listener is not None else ListenerHealth()
         health.late_commits = self._late.count
+        health.broadcasts = self._broadcasts
         return health
 
     @property

@@ -1,0 +1,95 @@
+"""OpenTelemetry spans for broadcasts and deliveries, when ``opentelemetry-api`` is installed.
+
+Whether it is installed is checked once, at import: without it :data:`TRACER` is ``None`` and
+the publish and delivery paths test that one global and go on. With it, the spans go to
+whatever tracer provider the app configured (none: OpenTelemetry's no-op spans).
+
+Spans follow OpenTelemetry's messaging conventions: ``messaging.system`` is ``firm_channel``,
+``messaging.destination.name`` the channel, ``messaging.operation.type`` ``publish`` (a
+``PRODUCER`` span around the INSERT of :meth:`PubSub.broadcast`) or ``receive`` (a
+``CONSUMER`` span around each call of a subscriber callback), ``messaging.message.id`` the
+row id.
+
+A receive span is not linked to its publish span: the trace context would have to travel
+in the row, the table has no column for it, and the payload is the app's own bytes, never
+altered. An app that wants one trace from broadcast to callback puts a ``traceparent`` in
+its payload and extracts it in its callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+try:
+    from opentelemetry import trace
+except ImportError:  # the optional extra is not installed
+    trace = None  # type: ignore[assignment]
+
+#: ``messaging.system`` of every span.
+SYSTEM = "firm_channel"
+
+#: A proxy tracer: it follows the provider the app sets, before or after this import.
+TRACER: Any = None if trace is None else trace.get_tracer("flask_firm_channel")
+
+
+def _name(channel: bytes) -> str:
+    return channel.decode("utf-8", errors="backslashreplace")
+
+
+def publish(
+    send: Callable[[list[tuple[bytes, bytes]], Any], list[int]],
+    rows: list[tuple[bytes, bytes]],
+    connection: Any,
+) -> list[int]:
+    """``send(rows, connection)`` inside a publish span (call only when :data:`TRACER` is
+    set). A batch on one channel names it; one on several leaves the destination out."""
+    channels = {channel for channel, _ in rows}
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "publish",
+        "messaging.operation.name": "broadcast",
+    }
+    name = "publish"
+    if len(channels) == 1:
+        destination = _name(rows[0][0])
+        attributes["messaging.destination.name"] = destination
+        name = f"publish {destination}"
+    if len(rows) == 1:
+        attributes["messaging.message.body.size"] = len(rows[0][1])
+    else:
+        attributes["messaging.batch.message_count"] = len(rows)
+    with TRACER.start_as_current_span(
+        name, kind=trace.SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        ids = send(rows, connection)
+        if len(ids) == 1:
+            span.set_attribute("messaging.message.id", str(ids[0]))
+        return ids
+
+
+def receive(
+    callback: Callable[[Any], object], value: Any, channel: bytes, msg_id: int | None
+) -> None:
+    """``callback(value)`` inside a receive span (call only when :data:`TRACER` is set); an
+    exception it raises is recorded on the span and raised on."""
+    destination = _name(channel)
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "receive",
+        "messaging.operation.name": "deliver",
+        "messaging.destination.name": destination,
+    }
+    if msg_id is not None:
+        attributes["messaging.message.id"] = str(msg_id)
+    with TRACER.start_as_current_span(
+        f"receive {destination}", kind=trace.SpanKind.CONSUMER, attributes=attributes
+    ):
+        callback(value)
+
+
+def channel_of(value: Any, channels: Sequence[bytes]) -> bytes:
+    """The channel a delivered value came on: a :class:`Message` says; a payload came on the
+    subscription's one channel."""
+    channel = getattr(value, "channel", None)
+    return channel if isinstance(channel, bytes) else channels[0]
