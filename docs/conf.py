@@ -44,14 +44,17 @@ toc_object_entries_show_parents = "hide"
 # Nitpicky (-n): every cross-reference must resolve, except to the libraries we build on,
 # whose inventories are not fetched (the build works offline).
 nitpick_ignore_regex = [
-    ("py:class", r"(flask|flask_sqlalchemy|sqlalchemy|werkzeug|socketio|click|datetime)\..*"),
+    (
+        "py:class",
+        r"(flask|flask_sqlalchemy|sqlalchemy|werkzeug|socketio|click|datetime|prometheus_client)\..*",
+    ),
     ("py:class", r"(Flask|SQLAlchemy|Engine|Table|MetaData|Session|Response|timedelta|datetime)"),
     ("py:class", r"(collections\.abc|typing|_io|types|logging)\..*"),
     # Internal types that show in public signatures; their use is described where they appear.
     (
         "py:class",
         r"flask_firm_channel\.(extension\.FirmChannelState|engine\.(subscriptions\.SubscriptionRegistry"
-        r"|create\.Created|trim\.Trimmer))",
+        r"|create\.Created|trim\.Trimmer|heartbeat\.ProcessStatus))",
     ),
     ("py:class", r"Fanout"),
     ("py:data", r"MAX_GAPS"),

@@ -78,7 +78,7 @@ class PubSub:
         self._broadcasts = 0
         self._count_lock = threading.Lock()
         #: This process's consumers of this PubSub (streams, ``listen()`` loops), as the
-        #: heartbeat reports them; the :class:`~.fanout.Fanout` built on it sets this.
+        #: heartbeat reports them; the ``Fanout`` built on it sets this.
         self.stream_stats: Callable[[], dict[str, int]] = _no_streams
         self._heartbeat = self._new_heartbeat()
         _instances.add(self)
