@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from flask_firm_channel import PubSub
+from flask_firm_channel.engine.backends.sqlite.dialect import SQLiteDialect
 from flask_firm_channel.engine.backends.sqlite.filewatch import FileWatch, WatchLost
 
 from .conftest import wait_for
@@ -62,9 +63,10 @@ def test_a_missing_file_cannot_be_watched(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
-def test_sqlite_hint_watches_the_wal_and_delivers(
-    backend: str, make_pubsub: Callable[..., PubSub]
+def test_without_bells_the_sqlite_hint_watches_the_wal_and_delivers(
+    backend: str, make_pubsub: Callable[..., PubSub], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(SQLiteDialect, "bells", lambda self, table: None)
     pubsub = make_pubsub()
     received: list[bytes] = []
     pubsub.subscribe("w", received.append)
@@ -82,6 +84,7 @@ def test_without_a_file_watch_data_version_is_read_on_a_timer(
     backend: str, make_pubsub: Callable[..., PubSub], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(FileWatch, "create", classmethod(lambda cls, paths: None))
+    monkeypatch.setattr(FileWatch, "empty", classmethod(lambda cls: None))
     pubsub = make_pubsub()
     received: list[bytes] = []
     pubsub.subscribe("t", received.append)

@@ -1,7 +1,7 @@
 """A fleet: many processes on one table, each following its own channels. A message wakes
-only the processes that follow its channel (on PostgreSQL, within its NOTIFY bucket; on
-SQLite every process wakes on every commit, but only those it concerns poll), and changing
-subscriptions while messages flow loses and duplicates nothing."""
+only the processes that follow its channel (within its bucket: PostgreSQL's NOTIFY channel,
+SQLite's bell), and changing subscriptions while messages flow loses and duplicates
+nothing."""
 
 from __future__ import annotations
 
@@ -126,11 +126,9 @@ def test_a_message_wakes_only_the_processes_that_follow_its_channel(
     ):
         woken = switches_after - switches_before
         print(f"{backend}: an unconcerned listener thread slept and woke {woken} times")
-        if backend != "sqlite":
-            # A handful of timed wake-ups (MariaDB's wait answers once a second with nothing
-            # new), never one per message. SQLite wakes every process on every commit; there
-            # the commit is let go without a poll.
-            assert woken < count // 10, f"woken {woken} times by {count} other messages"
+        # A handful of timed wake-ups (MariaDB's wait answers once a second with nothing
+        # new), never one per message.
+        assert woken < count // 10, f"woken {woken} times by {count} other messages"
         assert stats_after["polls"] == stats_before["polls"]
         assert stats_after["rows"] == stats_before["rows"]
         assert received(proc, "shard:1") + received(proc, "shard:2") in (["hello"], [])

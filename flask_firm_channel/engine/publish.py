@@ -12,7 +12,7 @@ from datetime import datetime
 from functools import lru_cache, partial
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import Connection, Engine, Table, event
 from sqlalchemy.exc import DBAPIError
 
 from .backends import Dialect
@@ -35,6 +35,7 @@ def _no_params(
 
 class Publisher:
     def __init__(self, engine: Engine, dialect: Dialect, table: Table, *, notify: bool) -> None:
+        notify_wanted = notify
         notify = notify and dialect.wake_kind == "notify"
         self._engine = engine
         self._dialect = dialect
@@ -61,6 +62,10 @@ class Publisher:
         # in the driver's Binary type (a copy, with PyMySQL). The channel hash is an int.
         self._created_at = dialect.datetime_binder(table.c.created_at.type)
         extra_keys = list(self._extra(0, b"", b"", datetime(2000, 1, 1)))
+        #: SQLite: the bells a committed broadcast rings (``backends/sqlite/bells.py``).
+        self._bells = dialect.bells(table) if notify_wanted else None
+        self._pending_key = ("firm_channel_bells", table.name)
+        self._hooked = False
         if self._order is not None and self._order != list(INSERT_PARAMS) + extra_keys:
             raise AssertionError(f"unexpected parameter order {self._order}")
 
@@ -104,6 +109,8 @@ class Publisher:
         # ``created_at`` is taken as late as possible, right before the INSERT (after the
         # connection is acquired): the commit grace counts from it.
         if connection is not None:
+            if self._bells is not None:
+                self._ring_at_commit(connection, rows)
             ids = []
             now = utcnow()
             for channel, payload in rows:
@@ -160,8 +167,29 @@ class Publisher:
                 self._discard(conn)
                 raise
             self._connections.release(conn)
+            if self._bells is not None:
+                self._bells.ring([_hash(channel) for channel, _ in rows])
             return ids
         raise AssertionError("unreachable")
+
+    def _ring_at_commit(self, connection: Connection, rows: Sequence[Row]) -> None:
+        """The bells of a broadcast in the caller's transaction ring when it commits (as the
+        commit goes out: a listener that finds it not visible yet looks again a millisecond
+        later, see ``DataVersionHint``), and not at all if it rolls back."""
+        if not self._hooked:
+            self._hooked = True
+            event.listen(self._engine, "commit", self._ring_pending)
+            event.listen(self._engine, "rollback", self._drop_pending)
+        pending: set[int] = connection.info.setdefault(self._pending_key, set())
+        pending.update(_hash(channel) for channel, _ in rows)
+
+    def _ring_pending(self, connection: Connection) -> None:
+        pending = connection.info.pop(self._pending_key, None)
+        if pending and self._bells is not None:
+            self._bells.ring(pending)
+
+    def _drop_pending(self, connection: Connection) -> None:
+        connection.info.pop(self._pending_key, None)
 
     def _is_disconnect(self, exc: Any, conn: Any) -> bool:
         try:
@@ -182,3 +210,7 @@ class Publisher:
 
     def close(self) -> None:
         self._connections.close()
+        if self._hooked:
+            self._hooked = False
+            event.remove(self._engine, "commit", self._ring_pending)
+            event.remove(self._engine, "rollback", self._drop_pending)

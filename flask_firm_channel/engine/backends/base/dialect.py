@@ -30,6 +30,7 @@ from .runner import CursorRunner, Runner
 
 if TYPE_CHECKING:
     from ..mysql.runner import ServerWait
+    from ..sqlite.bells import Bells
 
 
 log = logging.getLogger("flask_firm_channel")
@@ -84,6 +85,12 @@ class Dialect:
         """The extra parameters of :meth:`insert_statement` with ``notify`` for a row
         (always the same keys, in the same order)."""
         return {}
+
+    def bells(self, table: Table) -> Bells | None:
+        """Files a broadcast touches once committed, so that only the processes following
+        its channels wake (SQLite, ``sqlite/bells.py``); None where the database signals
+        listeners itself."""
+        return None
 
     def insert_many(self, cursor: Any, sql: str, params: list[Any], returns_id: bool) -> list[int]:
         """Run the broadcast statement once per row on a driver cursor; return the ids.

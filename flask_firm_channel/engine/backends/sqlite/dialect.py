@@ -15,6 +15,7 @@ from sqlalchemy import (
 )
 
 from ..base.dialect import Dialect
+from .bells import Bells, bell_dir
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -28,6 +29,12 @@ class SQLiteDialect(Dialect):
     # No server, no connection to lose: the INSERT alone is the transaction, without the
     # BEGIN and COMMIT statements the sqlite3 module would wrap around it.
     publish_autocommit = True
+
+    def bells(self, table: Table) -> Bells | None:
+        directory = bell_dir(self.engine.url.database or "")
+        if directory is None or self.memory_database():
+            return None
+        return Bells(directory, table.name)
 
     def prepare_publisher(self, conn: Any) -> None:
         conn.isolation_level = None

@@ -17,9 +17,14 @@ import struct
 from collections.abc import Sequence
 
 IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
 IN_MOVE_SELF = 0x00000800
 IN_DELETE_SELF = 0x00000400
 IN_IGNORED = 0x00008000
+#: What counts as a write: the file's contents (a commit to the ``-wal`` file) or its times
+#: (a bell, ``bells.py``, is rung with ``utime``).
+WRITTEN = IN_MODIFY | IN_ATTRIB
+_MASK = WRITTEN | IN_MOVE_SELF | IN_DELETE_SELF
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 
 
@@ -28,28 +33,64 @@ class WatchLost(Exception):
 
 
 class FileWatch:
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, libc: ctypes.CDLL) -> None:
         self._fd = fd
+        self._libc = libc
+        #: Watch descriptors by path, and those removed whose IN_IGNORED is still to come.
+        self._wds: dict[str, int] = {}
+        self._removed: set[int] = set()
 
     @classmethod
     def create(cls, paths: Sequence[str]) -> FileWatch | None:
         """Watch ``paths`` for writes, or ``None`` if this platform or filesystem cannot."""
-        if not paths or not hasattr(os, "O_CLOEXEC"):
+        if not paths:
+            return None
+        watch = cls.empty()
+        if watch is None:
+            return None
+        for path in paths:
+            if not watch.add(path):
+                watch.close()
+                return None
+        return watch
+
+    @classmethod
+    def empty(cls) -> FileWatch | None:
+        """A watch on no file yet (see :meth:`add`), or ``None`` if this platform cannot."""
+        if not hasattr(os, "O_CLOEXEC"):
             return None
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
             init = libc.inotify_init1
-            add_watch = libc.inotify_add_watch
         except (OSError, AttributeError):
             return None
         fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             return None
-        for path in paths:
-            if add_watch(fd, os.fsencode(path), IN_MODIFY | IN_MOVE_SELF | IN_DELETE_SELF) < 0:
-                os.close(fd)
-                return None
-        return cls(fd)
+        return cls(fd, libc)
+
+    @property
+    def paths(self) -> frozenset[str]:
+        return frozenset(self._wds)
+
+    def add(self, path: str) -> bool:
+        """Watch one more file; False if it cannot be watched (missing, say). Writes made
+        after this returns are seen."""
+        if path in self._wds:
+            return True
+        wd = self._libc.inotify_add_watch(self._fd, os.fsencode(path), _MASK)
+        if wd < 0:
+            return False
+        self._removed.discard(wd)
+        self._wds[path] = wd
+        return True
+
+    def remove(self, path: str) -> None:
+        """Stop watching one file."""
+        wd = self._wds.pop(path, None)
+        if wd is not None and wd not in self._wds.values():
+            self._removed.add(wd)
+            self._libc.inotify_rm_watch(self._fd, wd)
 
     def fileno(self) -> int:
         """The descriptor that becomes readable when a watched file was written."""
@@ -69,11 +110,15 @@ class FileWatch:
                 return written
             offset = 0
             while offset < len(data):
-                _wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
+                wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
                 offset += _EVENT.size + length
+                if wd in self._removed:
+                    if mask & IN_IGNORED:
+                        self._removed.discard(wd)
+                    continue  # a file no longer watched
                 if mask & (IN_MOVE_SELF | IN_DELETE_SELF | IN_IGNORED):
                     raise WatchLost("a watched file was moved or deleted")
-                written = written or bool(mask & IN_MODIFY)
+                written = written or bool(mask & WRITTEN)
 
     def close(self) -> None:
         try:

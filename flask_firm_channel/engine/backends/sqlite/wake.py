@@ -9,6 +9,7 @@ from typing import Any
 
 from ...connections import close_quietly, dedicated_connection, older_than
 from ..base.wake import WakeHint
+from .bells import bucket
 from .filewatch import FileWatch
 
 log = logging.getLogger("flask_firm_channel")
@@ -17,6 +18,10 @@ log = logging.getLogger("flask_firm_channel")
 #: SQLite: a change of data_version is checked against the newest id of at most this many
 #: followed channels before the listener polls.
 MAX_PROBE_HASHES = 32
+#: A process following channels in more buckets than this watches the ``-wal`` file (every
+#: commit) instead of their bells: it would wake for most commits anyway, and each bell is an
+#: inotify watch (``fs.inotify.max_user_watches`` counts them per user).
+MAX_BELLS = 64
 
 
 class DataVersionHint(WakeHint):
@@ -30,11 +35,15 @@ class DataVersionHint(WakeHint):
     after the last one) and every 20 ms when idle: each read costs a thread wake-up and a
     shared lock, so about 50 reads a second keep an idle subscriber near 1 % of a core.
 
-    Every process sees every commit, whatever its channel. Before it wakes the listener for
-    one, the hint reads the newest id of the followed channels (one index step each) and
-    lets a commit that did not move it go: in a fleet where each process follows its own
-    channels, another process's message costs a data_version read and that one statement,
-    not a poll.
+    Where the database is a file beside which this process may write, the listener watches
+    the bells of the channels it follows instead of the ``-wal`` file (``bells.py``): a
+    broadcast rings its channel's bell once committed, so a process wakes only for the
+    buckets of channels it follows, not for every commit of the fleet. Past ``MAX_BELLS``
+    buckets, or where bells cannot be made, it watches the ``-wal`` file as before.
+
+    Either way, before it wakes the listener the hint reads the newest id of the followed
+    channels (one index step each) and lets a commit that did not move it go: another
+    channel of the same bucket costs a data_version read and that one statement, not a poll.
     """
 
     mode = "data_version"
@@ -42,6 +51,9 @@ class DataVersionHint(WakeHint):
     IDLE = 0.02
     ACTIVE_WINDOW = 1.0
     RECHECK_UNTIL = 0.064
+    #: Seconds before a watch that was lost (a bell or the -wal file deleted) is made again;
+    #: data_version is read on the timer meanwhile.
+    REWATCH_AFTER = 1.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -51,8 +63,14 @@ class DataVersionHint(WakeHint):
         self._last_activity = 0.0
         self._retry_at = 0.0
         self._watch: FileWatch | None = None
-        #: Writes to the database files wake the listener (inotify); no timed reads needed.
+        #: Writes to the database files or to the bells wake the listener (inotify); no
+        #: timed reads needed.
         self.watching = False
+        self._bells = self.dialect.bells(self.table) if self.dialect is not None else None
+        #: The watch is on the bells of the followed channels' buckets (else the -wal file).
+        self._on_bells = False
+        #: A lost watch is made again at this time (0: not lost).
+        self._rewatch_at = 0.0
         #: After a file event, data_version is re-read after 1, 2, 4 ... 64 ms: SQLite
         #: publishes a commit (its WAL index header) just after its last file write.
         self._recheck = 0.0
@@ -74,7 +92,7 @@ class DataVersionHint(WakeHint):
                 self.reconnects += 1
             self.healthy = True
             if self._watch is None:
-                self._start_watch()
+                self._rewatch()
         except Exception as exc:
             self._conn = None
             self._failed(exc)
@@ -97,19 +115,64 @@ class DataVersionHint(WakeHint):
             path += "-wal"
         return path if os.path.exists(path) else None
 
-    def _start_watch(self) -> None:
-        path = self._watched_file()
-        watch = FileWatch.create([path]) if path else None
-        if watch is None:
+    def _rewatch(self) -> None:
+        """Watch what fits the followed channels: their bells, or the ``-wal`` file. A new
+        watch is in place before the old one goes, so no write falls between the two."""
+        buckets = {bucket(h) for h in self._hashes}
+        if self._bells is not None and len(buckets) <= MAX_BELLS:
+            try:
+                wanted = {self._bells.make(b) for b in buckets}
+            except OSError as exc:
+                log.warning(
+                    "firm-channel could not make the bells in %s, watching every commit: %s",
+                    self._bells.directory,
+                    exc,
+                )
+                self._bells = None
+            else:
+                if self._watch_bells(self._bells.directory, wanted):
+                    return
+        self._watch_wal()
+
+    def _watch_bells(self, directory: str, wanted: set[str]) -> bool:
+        watch = self._watch
+        if self._on_bells and self.watching and watch is not None:
+            if all(watch.add(path) for path in wanted - watch.paths):
+                for path in watch.paths - wanted:
+                    watch.remove(path)
+                return True
+        new = FileWatch.empty()
+        if new is None:
+            return False
+        if not all(new.add(path) for path in wanted):
+            new.close()
+            return False
+        self._replace_watch(new, directory, bells=True)
+        return True
+
+    def _watch_wal(self) -> None:
+        if self.watching and not self._on_bells:
             return
-        self._watch = watch
-        self._watched = path
-        self.watching = True
+        path = self._watched_file() if self._cursor is not None else None
+        self._replace_watch(FileWatch.create([path]) if path else None, path, bells=False)
+
+    def _replace_watch(self, watch: FileWatch | None, watched: str | None, *, bells: bool) -> None:
+        old, self._watch = self._watch, watch
+        self._watched = watched if watch is not None else None
+        self._on_bells = bells and watch is not None
+        self.watching = watch is not None
+        self._rewatch_at = 0.0
+        if old is not None:
+            old.close()
 
     def detail(self) -> str:
         if not self.healthy:
             return (
                 f"data_version unavailable; table polled every {self.settings.polling_interval:g} s"
+            )
+        if self.watching and self._on_bells and self._watch is not None:
+            return (
+                f"inotify on {len(self._watch.paths)} bell(s) in {self._watched}, then data_version"
             )
         if self.watching:
             return f"inotify on {self._watched}, then data_version"
@@ -127,6 +190,7 @@ class DataVersionHint(WakeHint):
                 self._recheck = self.FAST
         except Exception as exc:  # WatchLost, or the descriptor failing
             self.watching = False
+            self._rewatch_at = time.monotonic() + self.REWATCH_AFTER
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.warning("firm-channel SQLite file watch lost, reading data_version: %s", exc)
@@ -145,6 +209,10 @@ class DataVersionHint(WakeHint):
         if self._conn is None:
             if time.monotonic() >= self._retry_at:
                 self.open()
+            return True
+        if self._rewatch_at and time.monotonic() >= self._rewatch_at:
+            # Watched again from now on; the poll this asks for finds what came meanwhile.
+            self._rewatch()
             return True
         if older_than(self._made_at, self.recycle) and not self._recheck:
             # pool_recycle: a new connection, whose data_version starts from now; the poll
@@ -189,6 +257,9 @@ class DataVersionHint(WakeHint):
     def follow(self, hashes: frozenset[int]) -> None:
         self._hashes = tuple(sorted(hashes))
         self._newest = None
+        if self._bells is not None and self._conn is not None:
+            # Before the listener's read: what commits after it rings a watched bell.
+            self._rewatch()
         if not 0 < len(self._hashes) <= MAX_PROBE_HASHES or self.dialect is None:
             self._probe_sql = None
             return
