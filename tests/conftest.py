@@ -126,6 +126,36 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def settle_pg_statistics(engine: sa.Engine) -> None:
+    """Make what ``engine``'s sessions did so far count in PostgreSQL's table statistics now.
+
+    A session sends its counts to the shared statistics at most once a second while it
+    works, then within 10 s of going idle, and at once when it exits: the index builds of a
+    ``CREATE TABLE`` made just before a measurement can land in the middle of it. This closes
+    the idle sessions of ``engine``'s pool and waits until they have exited. (Nothing else may
+    hold a connection of ``engine`` meanwhile.)"""
+    if engine.dialect.name != "postgresql":
+        return
+    idle = engine.pool.checkedin()  # type: ignore[attr-defined]
+    held = [engine.connect() for _ in range(max(1, idle))]
+    pids = [int(c.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()) for c in held]
+    for conn in held:
+        conn.close()
+    engine.dispose()
+    probe = sa.create_engine(engine.url, poolclass=sa.pool.NullPool)
+
+    def exited() -> bool:
+        with probe.connect() as conn:
+            return not conn.execute(
+                sa.text("SELECT pid FROM pg_stat_activity WHERE pid = ANY(:pids)"), {"pids": pids}
+            ).all()
+
+    try:
+        wait_for(exited, timeout=30)
+    finally:
+        probe.dispose()
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_threads() -> Iterator[None]:
     """A listener, notify or trimmer thread left running after a test is a failure."""
