@@ -64,6 +64,10 @@ class BlackHoleProxy:
         self._sel.register(upstream, selectors.EVENT_READ)
         self.connections += 1
 
+    def open_connections(self) -> int:
+        """Forwarded connections whose client has not closed them yet."""
+        return sum(1 for client in list(self._clients) if client.fileno() != -1)
+
     def cut_next_send(self) -> None:
         """The next bytes any client sends are dropped, and its connection closed in both
         directions: the server never sees them, the client sees the connection die while it

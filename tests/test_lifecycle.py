@@ -44,12 +44,15 @@ def test_close_is_prompt_leaves_no_thread_and_is_final(
     wait_for(lambda: "firm-channel-trimmer" in new_threads(before))
     if sleepy == "hinted":
         assert pubsub.health().wake_mode == EXPECTED_MODE[backend]
-        # The hint waits on the listener's own thread: it runs no thread of its own.
+        # The hint waits on the listener's own thread: it runs no thread of its own but the
+        # short-lived one that makes its connection (which close() below must also end).
         assert set(running) <= {
             "firm-channel-listener",
             "firm-channel-trimmer",
             "firm-channel-callbacks",
             "firm-channel-heartbeat",
+            "firm-channel-listen-connect",
+            "firm-channel-wait-connect",
         }, running
         if backend == "postgresql":
             wait_for(lambda: pubsub.health().wake_healthy)

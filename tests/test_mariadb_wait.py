@@ -8,6 +8,7 @@ wait or from the hint's timer polls.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -222,6 +223,47 @@ def test_a_wait_reconnect_that_hangs_never_holds_the_listener(
         publisher.broadcast("w", "after")
         wait_for(lambda: received[-1:] == [b"after"])
         assert received == [*sent, b"after"]
+    finally:
+        pubsub.close()
+        proxy.let_held_through()
+        proxy.close()
+        proxied.dispose()
+
+
+def test_close_waits_for_a_wait_connect_in_flight_and_leaves_no_thread(
+    db_url: str, engine: sa.Engine, table: sa.Table
+) -> None:
+    """close() while the wait's connection is being made (held by a proxy that lets it
+    through a tenth of a second later) waits for that connect, so nothing of the listener
+    outlives close(); what the connect made is closed, not left open on the server."""
+    direct = sa.engine.make_url(db_url)
+    proxy = BlackHoleProxy((direct.host or "127.0.0.1", direct.port or 3306))
+    proxied = sa.create_engine(
+        direct.set(host="127.0.0.1", port=proxy.port), connect_args={"connect_timeout": 60}
+    )
+    pubsub = PubSub(proxied, table, Settings(auto_trim=False, safety_interval=NEVER))
+    try:
+        pubsub.subscribe("w", lambda payload: None)
+        victim = idle_and_waiting(pubsub, engine, table)
+        proxy.hold_new.set()
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"KILL {victim}")
+        wait_for(lambda: len(proxy.held) == 1, timeout=10)
+        connecting = [t for t in threading.enumerate() if t.name == "firm-channel-wait-connect"]
+        assert len(connecting) == 1
+        release = threading.Timer(0.1, proxy.let_held_through)
+        release.start()
+        started = time.monotonic()
+        pubsub.close()
+        took = time.monotonic() - started
+        outlived = connecting[0].is_alive()
+        release.join()
+        assert not outlived, "the connect thread outlived close()"
+        assert took < 1.0, f"close() took {took:.3f}s"
+        # The connection the thread made after close() was closed by it: nothing of the
+        # listener is left on the server (the proxy's connections were the listener's only).
+        wait_for(lambda: not waiting_statements(engine, table))
+        wait_for(lambda: proxy.open_connections() == 0)
     finally:
         pubsub.close()
         proxy.let_held_through()

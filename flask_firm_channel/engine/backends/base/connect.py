@@ -21,6 +21,11 @@ class Connector:
     """At most one connect in flight; its result (a connection, or why there is none) waits
     to be taken by :meth:`take`."""
 
+    #: How long :meth:`close` waits for a connect in flight to end: a connect the server
+    #: answers ends within it, so a closed hint leaves no thread behind; one it does not
+    #: answer is left to end on its own (its thread then closes what it made).
+    CLOSE_WAIT = 0.5
+
     def __init__(self, open_: Callable[[], Any], name: str) -> None:
         self._open = open_
         self._name = name
@@ -61,12 +66,16 @@ class Connector:
 
     def close(self) -> None:
         """No more connects; a connection made after this is closed by its thread, one made
-        before and not taken is closed here."""
+        before and not taken is closed here. Waits up to :attr:`CLOSE_WAIT` for a connect in
+        flight to end."""
         with self._lock:
             self._closed = True
             result, self._result = self._result, None
+            thread = self._thread
         if result is not None and result[0] is not None:
             close_quietly(result[0])
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self.CLOSE_WAIT)
 
     def reopen(self) -> None:
         """Connects are allowed again (after :meth:`close`)."""
