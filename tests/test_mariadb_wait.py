@@ -69,6 +69,18 @@ def idle_and_waiting(pubsub: PubSub, engine: sa.Engine, table: sa.Table) -> int:
     return found[0][0]
 
 
+def _behind_proxy(db_url: str, table: sa.Table) -> tuple[BlackHoleProxy, sa.Engine, PubSub]:
+    """A listener whose connections go through a proxy that can hold new connects (the
+    driver's connect timeout, 60 s, is longer than any test)."""
+    direct = sa.engine.make_url(db_url)
+    proxy = BlackHoleProxy((direct.host or "127.0.0.1", direct.port or 3306))
+    proxied = sa.create_engine(
+        direct.set(host="127.0.0.1", port=proxy.port), connect_args={"connect_timeout": 60}
+    )
+    pubsub = PubSub(proxied, table, Settings(auto_trim=False, safety_interval=NEVER))
+    return proxy, proxied, pubsub
+
+
 def test_an_idle_listener_waits_in_the_server_and_wakes_on_another_process_commit(
     engine: sa.Engine,
     table: sa.Table,
@@ -192,12 +204,7 @@ def test_a_wait_reconnect_that_hangs_never_holds_the_listener(
     (the driver's connect timeout is longer than the test): meanwhile the listener polls the
     table on its timer, so messages arrive in milliseconds; once the connect goes through,
     the listener waits in the server again."""
-    direct = sa.engine.make_url(db_url)
-    proxy = BlackHoleProxy((direct.host or "127.0.0.1", direct.port or 3306))
-    proxied = sa.create_engine(
-        direct.set(host="127.0.0.1", port=proxy.port), connect_args={"connect_timeout": 60}
-    )
-    pubsub = PubSub(proxied, table, Settings(auto_trim=False, safety_interval=NEVER))
+    proxy, proxied, pubsub = _behind_proxy(db_url, table)
     try:
         received: list[bytes] = []
         pubsub.subscribe("w", received.append)
@@ -236,12 +243,7 @@ def test_close_waits_for_a_wait_connect_in_flight_and_leaves_no_thread(
     """close() while the wait's connection is being made (held by a proxy that lets it
     through a tenth of a second later) waits for that connect, so nothing of the listener
     outlives close(); what the connect made is closed, not left open on the server."""
-    direct = sa.engine.make_url(db_url)
-    proxy = BlackHoleProxy((direct.host or "127.0.0.1", direct.port or 3306))
-    proxied = sa.create_engine(
-        direct.set(host="127.0.0.1", port=proxy.port), connect_args={"connect_timeout": 60}
-    )
-    pubsub = PubSub(proxied, table, Settings(auto_trim=False, safety_interval=NEVER))
+    proxy, proxied, pubsub = _behind_proxy(db_url, table)
     try:
         pubsub.subscribe("w", lambda payload: None)
         victim = idle_and_waiting(pubsub, engine, table)
