@@ -126,9 +126,11 @@ def test_a_message_wakes_only_the_processes_that_follow_its_channel(
     ):
         woken = switches_after - switches_before
         print(f"{backend}: an unconcerned listener thread slept and woke {woken} times")
-        # A handful of timed wake-ups (MariaDB's wait answers once a second with nothing
-        # new), never one per message.
-        assert woken < count // 10, f"woken {woken} times by {count} other messages"
+        # A listener woken by the others' messages switches at least once for each (they are
+        # spaced). What else the window may hold: timed wake-ups (MariaDB's wait answers once
+        # a second with nothing new) and the tail of its own "hello" (SQLite re-reads
+        # data_version 1, 2, 4 ... 64 ms after a file event: up to 8 switches).
+        assert woken < count // 4, f"woken {woken} times by {count} other messages"
         assert stats_after["polls"] == stats_before["polls"]
         assert stats_after["rows"] == stats_before["rows"]
         assert received(proc, "shard:1") + received(proc, "shard:2") in (["hello"], [])
