@@ -15,11 +15,13 @@ Commands (tuples) and replies (dicts):
 - ``("seen",)`` — the sequence numbers received since the mark, sorted, and the duplicates.
 - ``("throughput", channel, n)`` / ``("many", channel, n, batch)`` — timed publish loops.
 - ``("fill", channel, n, batch)`` — exactly ``n`` messages through ``broadcast_many``.
+- ``("burst", channel, n, batch, size)`` — ``n`` stamped messages of ``size`` bytes through
+  ``broadcast_many``, ``batch`` to a transaction, as fast as they go.
 - ``("close",)``.
 
-Payloads are 100 bytes: ``b"<seq:08d> <time.time():.6f> xxx…"``. ``time.time()`` is one clock
-for every process on this machine, so receive time minus stamped time is the end-to-end latency,
-including the broadcaster's own INSERT + COMMIT.
+Payloads are 100 bytes (``burst``: as asked): ``b"<seq:08d> <time.time():.6f> xxx…"``.
+``time.time()`` is one clock for every process on this machine, so receive time minus stamped
+time is the end-to-end latency, including the broadcaster's own INSERT + COMMIT.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ from typing import Any
 PAYLOAD_SIZE = 100
 
 
-def make_payload(seq: int) -> bytes:
+def make_payload(seq: int, size: int = PAYLOAD_SIZE) -> bytes:
     head = b"%08d %.6f " % (seq, time.time())
-    return head + b"x" * (PAYLOAD_SIZE - len(head))
+    return head + b"x" * (size - len(head))
 
 
 def cpu_seconds() -> float:
@@ -160,6 +162,13 @@ def main(spec: dict[str, Any], conn: Any) -> None:
                 t0 = time.perf_counter()
                 for start in range(0, n, batch):
                     adapter.broadcast_many([(channel, payload)] * min(batch, n - start))
+                conn.send({"n": n, "elapsed": time.perf_counter() - t0})
+            elif op == "burst":
+                _, channel, n, batch, size = cmd
+                t0 = time.perf_counter()
+                for start in range(0, n, batch):
+                    seqs = range(start, min(n, start + batch))
+                    adapter.broadcast_many([(channel, make_payload(seq, size)) for seq in seqs])
                 conn.send({"n": n, "elapsed": time.perf_counter() - t0})
             elif op == "close":
                 adapter.close()

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
 from flask_firm_channel.engine.backends.postgresql import NOTIFY_PAYLOAD_LIMIT, notify_channel_name
+from flask_firm_channel.engine.backends.postgresql.wake import NotifyHint
 
 from .conftest import settle_pg_statistics, wait_for
 
@@ -102,6 +103,46 @@ def test_a_listener_that_stays_connected_reads_nothing_for_small_messages(
     print(f"{count} messages delivered with {read} scans of the table, {health.polls} polls")
     # The subscription's anchor and first read, and no more: never one per message.
     assert read <= 5
+
+
+@pytest.mark.parametrize("reads_per_wake", [NotifyHint.READS_PER_WAKE, 2])
+def test_a_burst_of_notes_many_buffers_long_is_carried_once_and_in_order(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: Callable[..., PubSub],
+    make_pubsub: Callable[..., PubSub],
+    monkeypatch: pytest.MonkeyPatch,
+    reads_per_wake: int,
+) -> None:
+    """1,000 notes of about 5 kB each, committed in two transactions, reach the LISTEN
+    connection together: libpq reads three or so at a time, so the burst takes hundreds of
+    reads, and with the bound lowered, hundreds of the listener's wake-ups. Every message is
+    delivered from its note, once, in order, and the table is not read for them."""
+    monkeypatch.setattr(NotifyHint, "READS_PER_WAKE", reads_per_wake)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"ALTER TABLE {table.name} SET (autovacuum_enabled = false)"))
+    settle_pg_statistics(engine)
+    before = scans(engine, table)
+    subscriber = listening(safety_interval=3600)
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    received: list[bytes] = []
+    subscriber.subscribe("burst", received.append)
+    publisher.broadcast("burst", "first")
+    wait_for(lambda: received == [b"first"])
+    carried = subscriber.health().carried
+    sent = [b"%04d:" % i + b"y" * 3700 for i in range(1000)]  # 4,936 bytes in base64
+    for start in (0, 500):
+        publisher.broadcast_many(("burst", payload) for payload in sent[start : start + 500])
+    wait_for(lambda: len(received) == len(sent) + 1, timeout=60)
+    assert received == [b"first", *sent]
+    health = subscriber.health()
+    assert health.carried - carried == len(sent)
+    subscriber.close()
+    subscriber.engine.dispose()
+    wait_for(lambda: not sessions(engine), timeout=30)
+    read = scans(engine, table) - before
+    assert read <= 5, f"{read} scans of the table for messages their notes carried"
 
 
 def test_large_messages_a_cut_listen_connection_and_racing_commits_lose_and_repeat_nothing(

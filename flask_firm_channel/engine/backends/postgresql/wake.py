@@ -67,6 +67,9 @@ class NotifyHint(WakeHint):
     #: How long the listener's start waits for the first connection before its first poll
     #: (a reconnect is never waited for).
     OPEN_WAIT = 2.0
+    #: Reads of the socket at most per wake-up, each as much as libpq's buffer holds (a
+    #: thousand 2 kB notes take about 200): the listener delivers between two.
+    READS_PER_WAKE = 256
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -253,20 +256,31 @@ class NotifyHint(WakeHint):
     def _read(self) -> bool:
         psycopg = self._psycopg
         pgconn = self._conn.pgconn
-        pgconn.consume_input()
-        if pgconn.status != psycopg.pq.ConnStatus.OK:
-            message = pgconn.get_error_message() or "the LISTEN connection closed"
-            raise psycopg.OperationalError(message)
-        wanted = self._take_notifies(pgconn)
+        wanted = False
+        # consume_input reads what fits in libpq's buffer (16 kB at first): a burst of
+        # large notes is read to its end here, not a buffer's worth per wake-up of the
+        # listener, which under sustained traffic waits a batch window between wake-ups.
+        for _ in range(self.READS_PER_WAKE):
+            pgconn.consume_input()
+            if pgconn.status != psycopg.pq.ConnStatus.OK:
+                message = pgconn.get_error_message() or "the LISTEN connection closed"
+                raise psycopg.OperationalError(message)
+            taken = self._take_notifies(pgconn)
+            if taken is None:
+                break
+            wanted = wanted or taken
         if self.liveness.sent_at is not None:
             # The self-NOTIFY's own result: complete once libpq has all of it.
             self._take_results(pgconn, ping=True)
         return wanted
 
-    def _take_notifies(self, pgconn: Any) -> bool:
-        wanted = False
+    def _take_notifies(self, pgconn: Any) -> bool | None:
+        """Take the notes libpq has read: whether one concerns the followed channels, or
+        None if it had none."""
+        wanted, taken = False, False
         ours = b"firm-channel-"
         while (note := pgconn.notifies()) is not None:
+            taken = True
             self.liveness.heard()
             if note.extra == self._probe:
                 self._probe = None  # LISTEN hears what the app's connections send
@@ -289,7 +303,7 @@ class NotifyHint(WakeHint):
             else:
                 channel, payload, created_at = message
                 self._carried.append(Row(msg_id, channel, payload, created_at, 0))
-        return wanted
+        return wanted if taken else None
 
     def take_carried(self) -> tuple[list[Row], bool]:
         carried, self._carried = self._carried, []
