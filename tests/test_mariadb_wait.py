@@ -271,3 +271,42 @@ def test_close_waits_for_a_wait_connect_in_flight_and_leaves_no_thread(
         proxy.let_held_through()
         proxy.close()
         proxied.dispose()
+
+
+def query_ids(engine: sa.Engine, connection_ids: list[int]) -> dict[int, int]:
+    """The server's id of the statement each connection ran last (it moves with every
+    statement the server runs, server-wide), from the process list."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT id, query_id FROM information_schema.processlist WHERE id IN :ids"
+            ).bindparams(sa.bindparam("ids", expanding=True)),
+            {"ids": connection_ids},
+        ).all()
+    return {int(i): int(q) for i, q in rows}
+
+
+def test_an_answered_wait_brings_the_messages_and_the_listener_runs_no_statement(
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: tuple[PubSub, list[bytes]],
+    publisher: PubSub,
+) -> None:
+    """The wait that answers returns the followed channels' new rows and the ids of the
+    others' rows in between: the listener delivers from it, and its own connection, which
+    reads the table, stays silent (by the server's process list)."""
+    pubsub, received = listening
+    idle_and_waiting(pubsub, engine, table)
+    reads = pubsub._listener._reads._conn  # type: ignore[union-attr]
+    reader = int(reads.thread_id())
+    before = query_ids(engine, [reader])
+    sent = []
+    for i in range(10):
+        publisher.broadcast("elsewhere", f"not for it {i}")
+        publisher.broadcast("w", f"m{i}")
+        sent.append(f"m{i}".encode())
+        wait_for(lambda: received == sent, timeout=NEVER / 4)
+        idle_and_waiting(pubsub, engine, table)
+    after = query_ids(engine, [reader])
+    # Nor a read of the others' ids: a gap left open would have kept the listener polling.
+    assert after == before, "the listener ran statements of its own"

@@ -42,6 +42,7 @@ from typing import Any
 from sqlalchemy import Engine, Table
 
 from .backends import Dialect, WakeHint
+from .backends.base.wake import Seen
 from .callbacks import CallbackRunner
 from .cursor import Cursor
 from .doorbell import Doorbell
@@ -383,6 +384,7 @@ class Listener:
         self._tell_hint()
         # What the hint carried so far committed before the reads below: they find it.
         self._hint.take_carried()
+        self._hint.take_seen()
         epoch = self._hint.epoch
         read = 0
         while self._starting:
@@ -426,7 +428,7 @@ class Listener:
             # reset), which only a read of the table tells.
             return None
         self._gaps.expire(time.time() - self._settings.commit_grace)
-        self._take(rows)
+        self._take(rows, self._hint.take_seen())
         self._health.carried += len(rows)
         self._health.last_poll_at = time.time()
         return len(rows)
@@ -655,9 +657,9 @@ class Listener:
         self._take(rows)
         return len(rows)
 
-    def _take(self, rows: list[Row]) -> None:
+    def _take(self, rows: list[Row], seen: Seen | None = None) -> None:
         """Dispatch ``rows`` (read or carried, in the order found) and move the high-water
-        mark and the gaps past them."""
+        mark and the gaps past them. ``seen``: the ids the hint read with carried rows."""
         hw = self._high_water
         assert hw is not None
         # Other channels' rows inside the gaps this batch opens are looked up before any
@@ -667,7 +669,7 @@ class Listener:
             if row.id > top + 1:
                 fresh.append((top + 1, row.id - 1))
             top = max(top, row.id)
-        foreign = sorted(self._foreign_ids(fresh)) if fresh else []
+        foreign = sorted(self._foreign_ids(fresh, seen)) if fresh else []
         for row in rows:
             if row.id > hw:
                 if row.id > hw + 1:
@@ -685,17 +687,22 @@ class Listener:
             else:
                 self._deliver(row, late=None)
 
-    def _foreign_ids(self, fresh: list[tuple[int, int]]) -> set[int]:
+    def _foreign_ids(self, fresh: list[tuple[int, int]], seen: Seen | None = None) -> set[int]:
         """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a
         committed row never changes channel. Reading them once keeps the gap list short; a
-        gap too large to read (a quiet channel in a busy table) is probed instead."""
+        gap too large to read (a quiet channel in a busy table) is probed instead. Gaps
+        within what the hint ``seen`` are not read: it lists every row there."""
+        foreign: set[int] = set()
+        if seen is not None:
+            low, high, ids = seen
+            foreign.update(i for i, h in ids if not self._wanted(h, i))
+            fresh = [(a, b) for a, b in fresh if not (low < a and b <= high)]
         spans, budget = [], FOREIGN_READ_LIMIT
         for start, end in fresh:
             size = end - start + 1
             if size <= budget:
                 spans.append((start, end))
                 budget -= size
-        foreign: set[int] = set()
         for k in range(0, len(spans), MAX_GAP_RANGES):
             with self._busy:
                 found = self._reads.ids_between(spans[k : k + MAX_GAP_RANGES])

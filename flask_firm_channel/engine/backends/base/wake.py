@@ -29,6 +29,10 @@ from .dialect import Dialect
 
 log = logging.getLogger("flask_firm_channel")
 
+#: What a hint saw along with the messages it carried: ``(low, high, [(id, channel_hash)])``
+#: (:meth:`WakeHint.take_seen`).
+Seen = tuple[int, int, list[tuple[int, int]]]
+
 
 @dataclass(frozen=True)
 class HintHealth:
@@ -97,6 +101,13 @@ class WakeHint:
         the order they committed, and whether some message for this process came without
         its payload (then only a read of the table delivers it)."""
         return [], False
+
+    def take_seen(self) -> Seen | None:
+        """What the hint read along with the messages it carried last: ``(low, high, ids)``,
+        the ``(id, channel_hash)`` of every row visible then with ``low < id <= high``, or
+        None. The listener settles the gaps other channels' rows leave between the carried
+        messages with it instead of reading their ids."""
+        return None
 
     def follow(self, hashes: frozenset[int]) -> None:
         """The channel hashes the listener follows from its next read of the table on.

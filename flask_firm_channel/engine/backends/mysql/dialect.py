@@ -37,6 +37,12 @@ _SCHEMA_LOCK_TIMEOUT = 60
 #: The server wait reads the newest id of at most this many followed channels, one index
 #: step each; a process following more waits on the table's newest id.
 MAX_WAIT_HASHES = 32
+#: A wait on followed channels that is answered returns their rows after its baseline, up to
+#: this many; more, and the listener reads the rest itself.
+CARRIED_ROWS = 100
+#: ... and the ids of every row between its baseline and the followed channels' newest, up
+#: to this many, so that the others' rows in between are known without a read.
+SEEN_IDS = 1000
 
 
 class MySQLDialect(Dialect):
@@ -112,6 +118,7 @@ class MySQLDialect(Dialect):
             # that inserted a row.)
             b = int(baseline)
             checks = max(1, round(seconds / step)) + 1
+            carried = ""
             if 0 < len(hashes) <= MAX_WAIT_HASHES:
                 # Answered once a followed channel has an id past the baseline (the
                 # listener's high-water mark): nothing it has read, nothing of others.
@@ -124,6 +131,18 @@ class MySQLDialect(Dialect):
                     )
                     + ", 0)"
                 )
+                # And then the rows themselves, as the listener's poll would read them (one
+                # range of the (channel_hash, id) index, the lowest ids first), and the ids
+                # and channel hashes of every row up to m (the primary key's range), which
+                # settle the gaps other channels' rows leave between them: the listener
+                # delivers them without a statement of its own (ServerWait.results).
+                which = ", ".join(str(int(h)) for h in hashes)
+                carried = (
+                    f" IF m > {b} THEN SELECT id, channel, payload, created_at FROM {name}"
+                    f" WHERE channel_hash IN ({which}) AND id > {b} ORDER BY id"
+                    f" LIMIT {CARRIED_ROWS}; SELECT id, channel_hash FROM {name}"
+                    f" WHERE id > {b} AND id <= m ORDER BY id LIMIT {SEEN_IDS}; END IF;"
+                )
             else:
                 waiting = f"m = {b}"
                 newest = f"(SELECT COALESCE(MAX(id), 0) FROM {name})"
@@ -132,7 +151,7 @@ class MySQLDialect(Dialect):
                 f"WHILE {waiting} AND n < {checks} DO "
                 f"IF n > 0 THEN DO SLEEP({step:.3f}), {label}; END IF; "
                 f"SELECT {newest} INTO m; SET n = n + 1; "
-                "END WHILE; SELECT m; END"
+                f"END WHILE; SELECT m;{carried} END"
             )
 
         return ServerWait(conn, sql_for)

@@ -19,7 +19,7 @@ class ServerWait:
     PyMySQL only: a statement is sent with its ``_execute_command`` and its answer read with
     ``_read_query_result`` when the socket turns readable (PyMySQL's ``query`` is the two in a
     row). ``sql_for(baseline, hashes, step)`` makes the statement; its first result's first value
-    is the answer (an id)."""
+    is the answer (an id), and the results after it, if any, are kept (:attr:`results`)."""
 
     def __init__(self, conn: Any, sql_for: Callable[[int, tuple[int, ...], float], str]) -> None:
         from pymysql.constants import COMMAND
@@ -29,6 +29,8 @@ class ServerWait:
         self._sql_for = sql_for
         self._fd = int(conn._sock.fileno())
         self.sent_at: float | None = None
+        #: The rows of each result of the last answer after its first.
+        self.results: list[list[tuple[Any, ...]]] = []
 
     @classmethod
     def usable(cls, conn: Any) -> bool:
@@ -50,11 +52,14 @@ class ServerWait:
         """Read the answer (the socket is readable): the statement's first value."""
         conn = self._conn
         self.sent_at = None
+        self.results = []
         conn._read_query_result()
         rows = conn._result.rows if conn._result is not None else None
-        # A compound statement ends with an OK packet of its own after its result set.
+        # A compound statement ends with an OK packet of its own after its result sets.
         while conn._result is not None and conn._result.has_next:
             conn.next_result()
+            if conn._result is not None and conn._result.description:
+                self.results.append(list(conn._result.rows or ()))
         if not rows:
             raise RuntimeError("the waiting statement returned no row")
         return int(rows[0][0])

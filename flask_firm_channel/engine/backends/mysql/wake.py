@@ -6,10 +6,12 @@ import logging
 import time
 from typing import Any
 
+from ...compiled import result_processors
 from ...connections import close_quietly, dedicated_connection, older_than
+from ...reads import Row
 from ..base.connect import Connector
-from ..base.wake import WakeHint
-from .dialect import MAX_WAIT_HASHES
+from ..base.wake import Seen, WakeHint
+from .dialect import MAX_WAIT_HASHES, SEEN_IDS
 from .runner import ServerWait
 
 log = logging.getLogger("flask_firm_channel")
@@ -99,6 +101,15 @@ class AdaptivePollHint(WakeHint):
         #: Connects the wait's connection off the listener thread, which polls on the timer
         #: meanwhile: a server that does not answer a connect never holds the listener.
         self._connector = Connector(self._open_wait, "firm-channel-wait-connect")
+        #: What the last answered wait read of the followed channels (:meth:`take_carried`),
+        #: and whether an answer came without them (then only the listener's read delivers).
+        self._carried: list[Row] = []
+        self._uncarried = False
+        self._seen: Seen | None = None
+        t = self.table
+        self._convert = result_processors(
+            self.engine, [t.c.channel.type, t.c.payload.type, t.c.created_at.type]
+        )
 
     def _slowest(self) -> float:
         return max(self._fast, min(self.settings.polling_interval, self.CEILING))
@@ -138,10 +149,12 @@ class AdaptivePollHint(WakeHint):
             newest = self._wait.answer()
         except Exception as exc:
             self._wait_failed(exc)
+            self._uncarried = True
             return True
         self._backoff = self.RETRY_FIRST
         if self._stale:
             self._stale, self._newest = False, -1
+            self._uncarried = True
             return True
         if self._sent_followed:
             moved = newest > self._sent_baseline
@@ -150,15 +163,49 @@ class AdaptivePollHint(WakeHint):
         self._newest = newest
         if moved:
             self.wakes += 1
+            self._carry(newest, self._wait.results)
             return True
         if self._idle:
             self._start_wait()  # nothing for WAIT_FOR: wait again, no poll needed
         return False
 
+    def _carry(self, newest: int, results: list[list[tuple[Any, ...]]]) -> None:
+        """Keep the rows an answered wait on the followed channels read (``id > baseline``,
+        the lowest first, as complete as a poll's read up to the last of them) for the
+        listener to deliver without a statement of its own, and the ids it saw up to
+        ``newest``; without them, the listener reads."""
+        if len(results) != 2 or not results[0] or not self._sent_followed:
+            self._uncarried = True
+            return
+        raw, seen = results
+        low = self._sent_baseline
+        high = newest if len(seen) < SEEN_IDS else int(seen[-1][0])
+        self._seen = (low, high, [(int(i), int(h)) for i, h in seen])
+        channel_of, payload_of, created_of = self._convert
+        for msg_id, channel, payload, created_at in raw:
+            if channel_of is not None:
+                channel = channel_of(channel)
+            if payload_of is not None:
+                payload = payload_of(payload)
+            if created_of is not None:
+                created_at = created_of(created_at)
+            self._carried.append(Row(int(msg_id), bytes(channel), bytes(payload), created_at, 0))
+
+    def take_carried(self) -> tuple[list[Row], bool]:
+        carried, self._carried = self._carried, []
+        uncarried, self._uncarried = self._uncarried, False
+        return carried, uncarried
+
+    def take_seen(self) -> Seen | None:
+        seen, self._seen = self._seen, None
+        return seen
+
     def check(self) -> bool:
         wait = self._wait
         if wait is None or wait.sent_at is None:
-            return True  # polling on the timer
+            # Polling on the timer; or the wait was just answered with the rows of the
+            # followed channels, which stand in for a read.
+            return not (self._carried and self._idle)
         if time.monotonic() > self._given_up_at(wait):
             self._wait_failed(TimeoutError("the server wait was not answered"))
             return True
