@@ -46,6 +46,10 @@ class AdaptivePollHint(WakeHint):
     A commit that fills an open gap (an id the listener passed while its transaction was
     still open) does not move ``MAX(id)``: while gaps are open the listener polls on the
     timer, as it does without the server wait (MySQL, other drivers, or after an error).
+
+    A wait on the followed channels that answers also returns their new rows and the ids of
+    every row up to them (``Dialect.server_wait``): the listener delivers from those
+    (:meth:`take_carried`, :meth:`take_seen`) with no statement of its own.
     """
 
     mode = "adaptive"
