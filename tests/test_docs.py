@@ -67,7 +67,13 @@ def test_the_site_builds_with_warnings_as_errors(site: Path) -> None:
     for page in ("index", "quickstart", "tutorial", "configuration", "cli", "api", "changelog"):
         assert (site / f"{page}.html").is_file(), page
     # The bench writes these pages; they stay pages of the site under their own names.
-    for page in ("benchmarks", "benchmarks-fleet", "benchmarks-sse", "benchmarks-socketio"):
+    for page in (
+        "benchmarks",
+        "benchmarks-fleet",
+        "benchmarks-burst",
+        "benchmarks-sse",
+        "benchmarks-socketio",
+    ):
         assert (site / f"{page}.html").is_file(), page
     assert (site / "reliability.html").is_file()
     # Nothing is loaded from elsewhere: the pages work offline.
