@@ -74,7 +74,14 @@ def test_the_listeners_connections_are_replaced_after_pool_recycle_and_nothing_i
     try:
         listening.subscribe("recycled", received.append)
         wait_for(lambda: listening.health().polls >= 1 and listening.health().wake_healthy)
-        first = wait_for(lambda: listener_connections(listening, engine, backend))
+
+        # Both of them: its reads' and its wake hint's, which connects on a thread of its own
+        # and may not be there yet when the first poll is done.
+        def both() -> set[int] | None:
+            found = listener_connections(listening, engine, backend)
+            return found if len(found) == 2 else None
+
+        first = wait_for(both)
 
         def broadcast() -> None:
             n = 0
