@@ -66,13 +66,8 @@ def scans(engine: sa.Engine, table: sa.Table) -> int:
         return int(row[0])
 
 
-def test_a_listener_that_stays_connected_reads_nothing_for_small_messages(
-    backend: str,
-    engine: sa.Engine,
-    table: sa.Table,
-    listening: Callable[..., PubSub],
-    make_pubsub: Callable[..., PubSub],
-) -> None:
+def scans_from_now(engine: sa.Engine, table: sa.Table) -> int:
+    """Make the table's scan count the listener's alone, and return it as it stands."""
     # Once autovacuum has analysed the table, the planner probes its index for every
     # statement it plans with `id > ...`, and those probes count as index scans: without
     # autovacuum, the count is the listener's reads alone.
@@ -80,7 +75,26 @@ def test_a_listener_that_stays_connected_reads_nothing_for_small_messages(
         conn.execute(sa.text(f"ALTER TABLE {table.name} SET (autovacuum_enabled = false)"))
     # The index builds of CREATE TABLE count as scans, sent when their session says so.
     settle_pg_statistics(engine)
-    before = scans(engine, table)
+    return scans(engine, table)
+
+
+def scans_after_closing(subscriber: PubSub, engine: sa.Engine, table: sa.Table) -> int:
+    """Close ``subscriber`` and its engine, then the table's scan count: a session's counts
+    reach the shared statistics when it ends."""
+    subscriber.close()
+    subscriber.engine.dispose()
+    wait_for(lambda: not sessions(engine), timeout=30)
+    return scans(engine, table)
+
+
+def test_a_listener_that_stays_connected_reads_nothing_for_small_messages(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: Callable[..., PubSub],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    before = scans_from_now(engine, table)
     subscriber = listening(safety_interval=3600)
     publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
     received: list[bytes] = []
@@ -95,11 +109,7 @@ def test_a_listener_that_stays_connected_reads_nothing_for_small_messages(
     assert received == [b"first", *sent]
     health = subscriber.health()
     assert health.carried >= count
-    subscriber.close()
-    subscriber.engine.dispose()
-    # A session's counts reach the shared statistics when it ends.
-    wait_for(lambda: not sessions(engine), timeout=30)
-    read = scans(engine, table) - before
+    read = scans_after_closing(subscriber, engine, table) - before
     print(f"{count} messages delivered with {read} scans of the table, {health.polls} polls")
     # The subscription's anchor and first read, and no more: never one per message.
     assert read <= 5
@@ -120,10 +130,7 @@ def test_a_burst_of_notes_many_buffers_long_is_carried_once_and_in_order(
     reads, and with the bound lowered, hundreds of the listener's wake-ups. Every message is
     delivered from its note, once, in order, and the table is not read for them."""
     monkeypatch.setattr(NotifyHint, "READS_PER_WAKE", reads_per_wake)
-    with engine.begin() as conn:
-        conn.execute(sa.text(f"ALTER TABLE {table.name} SET (autovacuum_enabled = false)"))
-    settle_pg_statistics(engine)
-    before = scans(engine, table)
+    before = scans_from_now(engine, table)
     subscriber = listening(safety_interval=3600)
     publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
     received: list[bytes] = []
@@ -138,10 +145,7 @@ def test_a_burst_of_notes_many_buffers_long_is_carried_once_and_in_order(
     assert received == [b"first", *sent]
     health = subscriber.health()
     assert health.carried - carried == len(sent)
-    subscriber.close()
-    subscriber.engine.dispose()
-    wait_for(lambda: not sessions(engine), timeout=30)
-    read = scans(engine, table) - before
+    read = scans_after_closing(subscriber, engine, table) - before
     assert read <= 5, f"{read} scans of the table for messages their notes carried"
 
 

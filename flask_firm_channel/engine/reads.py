@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -66,6 +66,26 @@ class Row(NamedTuple):
     range: int
 
 
+def row_maker(engine: Engine, table: Table) -> Callable[..., Row]:
+    """``make(id, channel, payload, created_at, range=0)``: a :class:`Row` of the values a
+    driver returned for ``table``, converted as SQLAlchemy's column types would."""
+    t = table
+    channel_of, payload_of, created_of = result_processors(
+        engine, [t.c.channel.type, t.c.payload.type, t.c.created_at.type]
+    )
+
+    def make(msg_id: Any, channel: Any, payload: Any, created_at: Any, k: Any = 0) -> Row:
+        if channel_of is not None:
+            channel = channel_of(channel)
+        if payload_of is not None:
+            payload = payload_of(payload)
+        if created_of is not None:
+            created_at = created_of(created_at)
+        return Row(int(msg_id), bytes(channel), bytes(payload), created_at, int(k))
+
+    return make
+
+
 class Reads:
     def __init__(self, engine: Engine, dialect: Dialect, table: Table) -> None:
         self._engine = engine
@@ -79,9 +99,7 @@ class Reads:
         self._pre_ping = pool_pre_ping(engine)
         self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
         t = table
-        self._convert = result_processors(
-            engine, [t.c.channel.type, t.c.payload.type, t.c.created_at.type]
-        )
+        self._row = row_maker(engine, table)
         self._max_id = Compiled(select(func.max(t.c.id)), engine)
         self._min_id = Compiled(select(func.min(t.c.id)), engine)
         # The first row created at or after a moment, by the created_at index.
@@ -169,20 +187,12 @@ class Reads:
             values[f"lo{k}"] = r.low
             if r.high is not None:
                 values[f"hi{k}"] = r.high
-        channel_of, payload_of, created_of = self._convert
         found: dict[int, Row] = {}
         for msg_id, channel, payload, created_at, *tag in self._run(compiled, values):
             msg_id = int(msg_id)
-            k = tag[0] if tag else parts[0][0]
-            if msg_id in found:
-                continue
-            if channel_of is not None:
-                channel = channel_of(channel)
-            if payload_of is not None:
-                payload = payload_of(payload)
-            if created_of is not None:
-                created_at = created_of(created_at)
-            found[msg_id] = Row(msg_id, bytes(channel), bytes(payload), created_at, int(k))
+            if msg_id not in found:
+                k = tag[0] if tag else parts[0][0]
+                found[msg_id] = self._row(msg_id, channel, payload, created_at, k)
         return [found[i] for i in sorted(found)]
 
     def ids_between(self, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -6,9 +6,8 @@ import logging
 import time
 from typing import Any
 
-from ...compiled import result_processors
 from ...connections import close_quietly, dedicated_connection, older_than
-from ...reads import Row
+from ...reads import Row, row_maker
 from ..base.connect import Connector
 from ..base.wake import Seen, WakeHint
 from .dialect import MAX_WAIT_HASHES, SEEN_IDS
@@ -110,10 +109,7 @@ class AdaptivePollHint(WakeHint):
         self._carried: list[Row] = []
         self._uncarried = False
         self._seen: Seen | None = None
-        t = self.table
-        self._convert = result_processors(
-            self.engine, [t.c.channel.type, t.c.payload.type, t.c.created_at.type]
-        )
+        self._row = row_maker(self.engine, self.table)
 
     def _slowest(self) -> float:
         return max(self._fast, min(self.settings.polling_interval, self.CEILING))
@@ -185,15 +181,7 @@ class AdaptivePollHint(WakeHint):
         low = self._sent_baseline
         high = newest if len(seen) < SEEN_IDS else int(seen[-1][0])
         self._seen = (low, high, [(int(i), int(h)) for i, h in seen])
-        channel_of, payload_of, created_of = self._convert
-        for msg_id, channel, payload, created_at in raw:
-            if channel_of is not None:
-                channel = channel_of(channel)
-            if payload_of is not None:
-                payload = payload_of(payload)
-            if created_of is not None:
-                created_at = created_of(created_at)
-            self._carried.append(Row(int(msg_id), bytes(channel), bytes(payload), created_at, 0))
+        self._carried.extend(self._row(*values) for values in raw)
 
     def take_carried(self) -> tuple[list[Row], bool]:
         carried, self._carried = self._carried, []
