@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from flask_firm_channel import PubSub
+from flask_firm_channel.engine.backends.base.filewatch import FileWatch, WatchLost
 from flask_firm_channel.engine.backends.sqlite.dialect import SQLiteDialect
-from flask_firm_channel.engine.backends.sqlite.filewatch import FileWatch, WatchLost
 
 from .conftest import wait_for
 

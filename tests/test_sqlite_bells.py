@@ -1,5 +1,5 @@
 """SQLite's bells: a committed broadcast touches its channel's bell, a file beside the database,
-and a listener watches only the bells of the channels it follows (``sqlite/bells.py``).
+and a listener watches only the bells of the channels it follows (``base/bells.py``).
 
 What is watched is read from the kernel (the inotify watches listed in ``/proc``), what the
 listener thread did from the kernel too (its voluntary context switches), and what was rung from
@@ -17,8 +17,9 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub
+from flask_firm_channel.engine.backends.base.bells import Bells, bucket
 from flask_firm_channel.engine.backends.sqlite import wake as sqlite_wake
-from flask_firm_channel.engine.backends.sqlite.bells import Bells, bell_dir, bucket
+from flask_firm_channel.engine.backends.sqlite.dialect import bell_dir
 from flask_firm_channel.engine.table import channel_hash, utcnow
 
 from .conftest import wait_for

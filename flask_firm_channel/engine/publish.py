@@ -62,7 +62,7 @@ class Publisher:
         # in the driver's Binary type (a copy, with PyMySQL). The channel hash is an int.
         self._created_at = dialect.datetime_binder(table.c.created_at.type)
         extra_keys = list(self._extra(0, b"", b"", datetime(2000, 1, 1)))
-        #: SQLite: the bells a committed broadcast rings (``backends/sqlite/bells.py``).
+        #: SQLite: the bells a committed broadcast rings (``backends/base/bells.py``).
         self._bells = dialect.bells(table) if notify_wanted else None
         self._pending_key = ("firm_channel_bells", table.name)
         self._hooked = False

@@ -30,7 +30,7 @@ from .runner import CursorRunner, Runner
 
 if TYPE_CHECKING:
     from ..mysql.runner import ServerWait
-    from ..sqlite.bells import Bells
+    from .bells import Bells
 
 
 log = logging.getLogger("flask_firm_channel")
@@ -88,7 +88,7 @@ class Dialect:
 
     def bells(self, table: Table) -> Bells | None:
         """Files a broadcast touches once committed, so that only the processes following
-        its channels wake (SQLite, ``sqlite/bells.py``); None where the database signals
+        its channels wake (SQLite, ``base/bells.py``); None where the database signals
         listeners itself."""
         return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -14,10 +15,18 @@ from sqlalchemy import (
     event,
 )
 
+from ..base.bells import Bells
 from ..base.dialect import Dialect
-from .bells import Bells, bell_dir
 
 log = logging.getLogger("flask_firm_channel")
+
+
+def bell_dir(database: str) -> str | None:
+    """The directory of the bells of a database file, or None where there is no file (an
+    in-memory database, or a URI filename)."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return os.path.abspath(database) + "-firm-channel"
 
 
 class SQLiteDialect(Dialect):

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from ...connections import close_quietly, dedicated_connection, older_than
+from ..base.bells import bucket
+from ..base.filewatch import FileWatch
 from ..base.wake import WakeHint
-from .bells import bucket
-from .filewatch import FileWatch
 
 log = logging.getLogger("flask_firm_channel")
 

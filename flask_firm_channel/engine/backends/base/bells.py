@@ -1,19 +1,21 @@
 """Bells: a wake-up for the processes that follow a channel, and for no other.
 
-Every SQLite commit writes the database's ``-wal`` file, so a process that watches that file
-wakes for every message on every channel: in a fleet of K processes each following its own
-channels, every process pays for every other's traffic. A bell is a small empty file per
-bucket of channel hashes (``BUCKETS`` of them, the low byte of the hash, as PostgreSQL's NOTIFY
-channels are), in a directory beside the database: ``app.db-firm-channel/<table>.<xx>``.
-A broadcast touches the bells of its channels' buckets (``utime``, a system call of a few
-microseconds) once its transaction commits, and a listener watches, with inotify, only the
-bells of the channels it follows. The kernel wakes those processes and no other.
+A bell is a small empty file per bucket of channel hashes (``BUCKETS`` of them, the low byte
+of the hash, as PostgreSQL's NOTIFY channels are), in a directory of its own:
+``<directory>/<table>.<xx>``. Whoever learns that a message committed touches the bells of
+its channels' buckets (``utime``, a system call of a few microseconds), and a listener
+watches, with inotify (``filewatch.py``), only the bells of the channels it follows. The
+kernel wakes those processes and no other.
+
+SQLite: every commit writes the database's ``-wal`` file, so a process that watched that file
+woke for every message on every channel. The bells live beside the database
+(``app.db-firm-channel/``) and a broadcast rings them once its transaction commits.
+MariaDB: the host's watcher rings them (``mysql/hostwatch.py``).
 
 A bell never carries a message, and a missed one delays, never loses: the listener still
-confirms with ``PRAGMA data_version`` and the followed channels' newest id before it reads,
-and polls the table every ``safety_interval`` whatever happens. A message written by
-something that does not ring (an older release of this package during a rolling deploy, a
-hand-written INSERT) is found by that poll.
+reads the table for what is new, and polls it every ``safety_interval`` whatever happens. A
+message written by something that does not ring (an older release of this package during a
+rolling deploy, a hand-written INSERT) is found by that poll.
 """
 
 from __future__ import annotations
@@ -29,14 +31,6 @@ BUCKETS = 256
 
 def bucket(channel_hash: int) -> int:
     return channel_hash & (BUCKETS - 1)
-
-
-def bell_dir(database: str) -> str | None:
-    """The directory of the bells of a database file, or None where there is no file (an
-    in-memory database, or a URI filename)."""
-    if not database or database == ":memory:" or database.startswith("file:"):
-        return None
-    return os.path.abspath(database) + "-firm-channel"
 
 
 class Bells:

@@ -1,12 +1,10 @@
 """Know when a file is written: Linux inotify through ctypes, with no dependency.
 
-SQLite has no way to wait for another process's commit, but a commit always writes the
-database's ``-wal`` file (or, outside WAL mode, the database file). Watching that file lets
-the SQLite wake hint sleep without polling and still wake within microseconds: the listener
-waits on the watch's descriptor (``doorbell.py``), and the hint then confirms with
-``PRAGMA data_version``. Where inotify is not available (macOS, Windows, some
-network filesystems) :meth:`FileWatch.create` returns ``None`` and the hint polls instead.
-"""
+A listener sleeps on the watch's descriptor (``doorbell.py``) until a watched file is written:
+the bells of the channels it follows (``bells.py``), or, for SQLite past the bells, the
+database's ``-wal`` file (every commit writes it, or the database file outside WAL mode), and
+the hint then confirms with the database. Where inotify is not available (macOS, Windows, some
+network filesystems) :meth:`FileWatch.create` returns ``None`` and the hint polls instead."""
 
 from __future__ import annotations
 
