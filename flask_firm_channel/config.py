@@ -122,6 +122,14 @@ KEYS: tuple[Key, ...] = (
         " :ref:`Behind a pooler <behind-a-pooler>`).",
     ),
     Key(
+        "FIRM_CHANNEL_HOST_WATCH",
+        False,
+        "bool",
+        "MySQL/MariaDB on Linux: one listening process per host watches the table and wakes"
+        " only the host's processes a message concerns (see :ref:`One watcher per host"
+        " <host-watch>`).",
+    ),
+    Key(
         "FIRM_CHANNEL_SSE_HEARTBEAT",
         15.0,
         _SECONDS,
@@ -188,6 +196,7 @@ _SETTING_FOR_KEY = {
     "FIRM_CHANNEL_SQLITE_WAL": "sqlite_wal",
     "FIRM_CHANNEL_HEARTBEAT_INTERVAL": "heartbeat_interval",
     "FIRM_CHANNEL_LISTEN_URL": "listen_url",
+    "FIRM_CHANNEL_HOST_WATCH": "host_watch",
 }
 
 

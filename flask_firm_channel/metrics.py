@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .extension import FirmChannel
 
 #: The wake modes a listener can report; each gets a sample of ``firm_channel_wake_mode``.
-WAKE_MODES = ("data_version", "notify", "adaptive", "poll")
+WAKE_MODES = ("data_version", "notify", "adaptive", "host_bells", "poll")
 #: The states of a process in the fleet view (``firm_channel_process_state``).
 PROCESS_STATES = ("ok", "failing", "silent")
 FLEET_LABELS = ("process", "pid", "host")

@@ -1,9 +1,11 @@
 """One process of a fleet, driven line by line on stdin, for the fleet tests.
 
-    python tests/proc_fleet_member.py URL TABLE
+    python tests/proc_fleet_member.py URL TABLE [host_watch]
 
 Commands: ``sub CHANNEL`` and ``unsub CHANNEL`` (each answered ``OK``), ``stats`` (answered
-``STATS <json>`` with the listener's polls, wakes, rows read and how it waits), ``quit``.
+``STATS <json>`` with the listener's polls, wakes, rows read, how it waits and, on MySQL,
+the server's id of its reading connection), ``quit``. With ``host_watch``, the setting of
+that name is on.
 At start it prints ``TID <id>``, the kernel's id of its listener thread, then ``READY``.
 Every delivered message is a line ``MSG <channel> <payload>``.
 """
@@ -21,10 +23,15 @@ from flask_firm_channel import PubSub, Settings, message_table
 from flask_firm_channel.engine.subscriptions import Subscription
 
 
-def main(url: str, table_name: str) -> int:
+def main(url: str, table_name: str, *options: str) -> int:
     engine = sa.create_engine(url)
     # No safety poll during a test: every poll it makes was asked for by a wake-up.
-    settings = Settings(auto_trim=False, safety_interval=3600, heartbeat_interval=0)
+    settings = Settings(
+        auto_trim=False,
+        safety_interval=3600,
+        heartbeat_interval=0,
+        host_watch="host_watch" in options,
+    )
     pubsub = PubSub(engine, message_table(sa.MetaData(), table_name), settings)
     out = threading.Lock()
 
@@ -59,6 +66,7 @@ def main(url: str, table_name: str) -> int:
                     "rows": health.rows_read,
                     "carried": health.carried,
                     "detail": health.wake_detail,
+                    "reader": reader_id(pubsub),
                 }
                 say(f"STATS {json.dumps(stats)}")
             elif command == "quit":
@@ -69,5 +77,13 @@ def main(url: str, table_name: str) -> int:
         engine.dispose()
 
 
+def reader_id(pubsub: PubSub) -> int | None:
+    """The server's id of the connection the listener reads the table on (PyMySQL), if open."""
+    listener = pubsub._listener
+    conn = getattr(listener._reads, "_conn", None) if listener is not None else None
+    thread_id = getattr(conn, "thread_id", None)
+    return int(thread_id()) if callable(thread_id) else None
+
+
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:]))

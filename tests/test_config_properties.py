@@ -50,6 +50,7 @@ FLAGS = [
     "FIRM_CHANNEL_AUTO_TRIM",
     "FIRM_CHANNEL_WAKE_HINTS",
     "FIRM_CHANNEL_SQLITE_WAL",
+    "FIRM_CHANNEL_HOST_WATCH",
     "FIRM_CHANNEL_LISTENER",
     "FIRM_CHANNEL_ADMIN",
 ]
@@ -65,6 +66,7 @@ ENGINE_NAMES = [
     "auto_trim",
     "wake_hints",
     "sqlite_wal",
+    "host_watch",
 ]
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -198,6 +198,7 @@ BAD_CONFIG = [
     ("FIRM_CHANNEL_AUTO_TRIM", "yes", TypeError),
     ("FIRM_CHANNEL_AUTO_TRIM", 1, TypeError),
     ("FIRM_CHANNEL_WAKE_HINTS", "off", TypeError),
+    ("FIRM_CHANNEL_HOST_WATCH", "on", TypeError),
     ("FIRM_CHANNEL_LISTENER", "no", TypeError),
     ("FIRM_CHANNEL_SAFETY_INTERVAL", 0, ValueError),
     ("FIRM_CHANNEL_BATCH_WINDOW", -0.001, ValueError),

@@ -132,6 +132,12 @@ class Settings:
     #: a managed pooler), where LISTEN receives nothing. ``None``: LISTEN on the app's URL
     #: (a pooler is detected and the listener polls instead, saying so).
     listen_url: str | None = None
+    #: MySQL/MariaDB on Linux: one listening process per host watches the table for all the
+    #: host's listening processes (elected with a file lock) and wakes, through a file per
+    #: bucket of channels (inotify), only those that follow a message's channel; the server
+    #: pays for one watcher per host instead of one wait per process. Off: each process
+    #: waits on its own channels.
+    host_watch: bool = False
     names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -162,7 +168,7 @@ class Settings:
             )
         trim_batch_size(self.trim_batch_size, label("trim_batch_size"))
         positive_int(self.max_payload_size, label("max_payload_size"), MAX_PAYLOAD_LIMIT)
-        for name in ("auto_trim", "wake_hints", "sqlite_wal"):
+        for name in ("auto_trim", "wake_hints", "sqlite_wal", "host_watch"):
             _flag(getattr(self, name), label(name))
         if self.listen_url is not None:
             _check_url(self.listen_url, label("listen_url"))

@@ -23,7 +23,7 @@ from sqlalchemy import Engine, Table
 
 from ..settings import Settings
 from .base import Dialect, HintHealth, WakeHint
-from .mysql import AdaptivePollHint, MySQLDialect
+from .mysql import AdaptivePollHint, HostBellHint, MySQLDialect, usable_here
 from .postgresql import NotifyHint, PostgreSQLDialect
 from .sqlite import DataVersionHint, SQLiteDialect
 
@@ -67,4 +67,6 @@ def make_hint(
     kind = dialect.wake_kind if settings.wake_hints else "poll"
     if kind == "data_version" and dialect.memory_database():
         kind = "poll"  # one in-memory database per process: the local wake-up is enough
+    if kind == "adaptive" and settings.host_watch and usable_here(dialect.engine):
+        return HostBellHint(dialect.engine, table, settings, interested, dialect)
     return _HINTS[kind](dialect.engine, table, settings, interested, dialect)

@@ -1,8 +1,21 @@
 """MySQL/MariaDB: no change signal to wait on, so an adaptive poll, and on MariaDB with
-PyMySQL a wait inside the server while idle; PyMySQL's socket for the listener's statements."""
+PyMySQL a wait inside the server while idle; PyMySQL's socket for the listener's statements.
+With ``host_watch``, one process per host watches the table and rings bells for the others."""
 
+from .bellwake import HostBellHint
 from .dialect import MAX_WAIT_HASHES, MySQLDialect
+from .hostwatch import HostWatcher, host_dir, usable_here
 from .runner import PyMySQLRunner, ServerWait
 from .wake import AdaptivePollHint
 
-__all__ = ["MAX_WAIT_HASHES", "AdaptivePollHint", "MySQLDialect", "PyMySQLRunner", "ServerWait"]
+__all__ = [
+    "MAX_WAIT_HASHES",
+    "AdaptivePollHint",
+    "HostBellHint",
+    "HostWatcher",
+    "MySQLDialect",
+    "PyMySQLRunner",
+    "ServerWait",
+    "host_dir",
+    "usable_here",
+]

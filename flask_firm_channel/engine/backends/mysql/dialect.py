@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -104,9 +104,7 @@ class MySQLDialect(Dialect):
         finally:
             cursor.close()
         name = self._qualified(table)
-        # Named in each sleep, so that the server's process list says which table a waiting
-        # connection watches (the loop's current step is all it shows).
-        label = "'" + table.name.replace("\\", "\\\\").replace("'", "''") + "'"
+        label = _label(table)
 
         def sql_for(baseline: int, hashes: tuple[int, ...], step: float) -> str:
             # SELECT ... INTO is a consistent read, each a statement of its own (autocommit)
@@ -155,6 +153,68 @@ class MySQLDialect(Dialect):
             )
 
         return ServerWait(conn, sql_for)
+
+    def host_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
+        """MariaDB with PyMySQL: the wait of the host's watcher (``hostwatch.py``) on a
+        connection of its own, or None where the server cannot wait (then see
+        :meth:`host_poll`).
+
+        ``send(baseline, holes, step)``: answered once the table's newest id differs from
+        ``baseline`` (one step down the primary key every ``step`` seconds) or a row of
+        ``holes`` (ids passed while their transactions were open) is there, or after
+        ``seconds``. The answer is the newest id; the results after it, the ``(id,
+        channel_hash)`` of every row past the baseline up to it (none for a baseline below
+        0), then, when holes were given, of those that are there.
+        """
+        if not getattr(self.engine.dialect, "is_mariadb", False) or not ServerWait.usable(conn):
+            return None
+        cursor = conn.cursor()
+        try:
+            cursor.execute("SET SESSION max_statement_time = 0")
+        finally:
+            cursor.close()
+        name = self._qualified(table)
+        label = _label(table)
+
+        def sql_for(baseline: int, holes: tuple[int, ...], step: float) -> str:
+            b = int(baseline)
+            checks = max(1, round(seconds / step)) + 1
+            # Consistent reads, each a statement of its own (see server_wait).
+            found = (
+                f" SELECT COUNT(*) INTO k FROM {name} WHERE id IN ({_ids(holes)});" if holes else ""
+            )
+            return (
+                f"BEGIN NOT ATOMIC DECLARE n INT DEFAULT 0; DECLARE k INT DEFAULT 0;"
+                f" DECLARE m BIGINT DEFAULT {b};"
+                f" WHILE m = {b} AND k = 0 AND n < {checks} DO"
+                f" IF n > 0 THEN DO SLEEP({step:.3f}), {label}; END IF;"
+                f" SELECT (SELECT COALESCE(MAX(id), 0) FROM {name}) INTO m;{found}"
+                f" SET n = n + 1; END WHILE; SELECT m; {_host_reads(name, b, 'm', holes)} END"
+            )
+
+        return ServerWait(conn, sql_for)
+
+    def host_poll(self, table: Table) -> Callable[[Any, int, tuple[int, ...]], HostRead]:
+        """The host watcher's read where the server cannot wait (MySQL, another driver):
+        ``read(cursor, baseline, holes)`` runs plain statements and returns the newest id,
+        the ``(id, channel_hash)`` of the rows past the baseline up to it (none for a
+        baseline below 0) and those of the ``holes`` that are there."""
+        name = self._qualified(table)
+
+        def read(cursor: Any, baseline: int, holes: tuple[int, ...]) -> HostRead:
+            cursor.execute(f"SELECT COALESCE(MAX(id), 0) FROM {name}")
+            newest = int(cursor.fetchone()[0])
+            new: list[tuple[int, int]] = []
+            if newest != baseline and baseline >= 0:
+                cursor.execute(_new_ids(name, baseline, str(newest)))
+                new = [(int(i), int(h)) for i, h in cursor.fetchall()]
+            found: list[tuple[int, int]] = []
+            if holes:
+                cursor.execute(_hole_ids(name, holes))
+                found = [(int(i), int(h)) for i, h in cursor.fetchall()]
+            return newest, new, found
+
+        return read
 
     def missing_table(self, orig: BaseException) -> bool:
         args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
@@ -218,3 +278,38 @@ class MySQLDialect(Dialect):
         if getattr(self.engine.dialect, "is_mariadb", False):
             return tuple(version[:2]) >= (10, 6)
         return tuple(version[:3]) >= (8, 0, 1)
+
+
+#: What the host watcher reads at once: the newest id, the ``(id, channel_hash)`` of the rows
+#: past its baseline, and of the holes that are there.
+HostRead = tuple[int, list[tuple[int, int]], list[tuple[int, int]]]
+
+
+def _label(table: Table) -> str:
+    """The table's name as an SQL string, named in each sleep of a wait so that the
+    server's process list says which table a waiting connection watches."""
+    return "'" + table.name.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _ids(ids: tuple[int, ...]) -> str:
+    return ", ".join(str(int(i)) for i in ids)
+
+
+def _new_ids(name: str, baseline: int, newest: str) -> str:
+    return (
+        f"SELECT id, channel_hash FROM {name} WHERE id > {int(baseline)} AND id <= {newest}"
+        f" ORDER BY id LIMIT {SEEN_IDS}"
+    )
+
+
+def _hole_ids(name: str, holes: tuple[int, ...]) -> str:
+    return f"SELECT id, channel_hash FROM {name} WHERE id IN ({_ids(holes)})"
+
+
+def _host_reads(name: str, baseline: int, newest: str, holes: tuple[int, ...]) -> str:
+    """The statements after the host wait: the rows past the baseline (an empty result for a
+    baseline below 0), then the holes that are there, if any were asked about."""
+    first = (
+        _new_ids(name, baseline, newest) if baseline >= 0 else "SELECT 0, 0 FROM DUAL WHERE FALSE"
+    )
+    return first + ";" + (" " + _hole_ids(name, holes) + ";" if holes else "")

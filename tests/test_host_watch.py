@@ -1,0 +1,218 @@
+"""MariaDB with ``host_watch``: one process per host watches the table (elected with a file
+lock) and rings the bells of the buckets that got messages; every listener of the host sleeps
+on the bells of the channels it follows.
+
+Every listener here has its safety poll out of reach (an hour), so a delivery can only come
+from a bell. What the server runs is read from its process list; whether a listener thread
+woke, from the kernel's count of its context switches.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from flask_firm_channel import PubSub
+from flask_firm_channel.engine.backends.base.bells import Bells, bucket
+from flask_firm_channel.engine.backends.mysql import HostBellHint, HostWatcher, host_dir
+from flask_firm_channel.engine.table import channel_hash
+
+from .conftest import wait_for
+from .test_fleet_wake import command, context_switches, received, stats
+from .test_mariadb_wait import query_ids
+from .test_processes import Proc
+
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("backend", ["mysql"], indirect=True)]
+
+MEMBER = str(Path(__file__).with_name("proc_fleet_member.py"))
+NEVER = 3600.0
+
+
+@pytest.fixture
+def members(db_url: str, table: sa.Table) -> Iterator[Callable[[], Proc]]:
+    """Listening processes with ``host_watch`` on, on this host."""
+    started: list[Proc] = []
+
+    def start() -> Proc:
+        proc = Proc([MEMBER, db_url, table.name, "host_watch"])
+        started.append(proc)
+        proc.expect("READY", timeout=30)
+        return proc
+
+    yield start
+    alive = [proc for proc in started if proc.popen.poll() is None]
+    for proc in alive:
+        proc.send("quit")
+    for proc in alive:
+        if proc.finish(timeout=30) != 0:
+            proc.fail("exited with an error")
+
+
+def channels_in_distinct_buckets(count: int) -> list[str]:
+    found: dict[int, str] = {}
+    for i in range(10_000):
+        name = f"shard:{i}"
+        found.setdefault(bucket(channel_hash(name.encode())), name)
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError("not enough buckets")
+
+
+def watchers(fleet: list[Proc]) -> list[Proc]:
+    return [p for p in fleet if "this process is the host's watcher" in stats(p)["detail"]]
+
+
+def waiting_statements(engine: sa.Engine, table: sa.Table) -> int:
+    """Statements waiting inside the server on this table (each sleep names the table)."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT COUNT(*) FROM information_schema.processlist"
+                    " WHERE info LIKE :sleep AND info LIKE :table"
+                ),
+                {"sleep": "%SLEEP(%", "table": f"%'{table.name}'%"},
+            ).scalar_one()
+        )
+
+
+def test_one_process_watches_for_its_host_and_a_message_wakes_only_those_that_follow_it(
+    engine: sa.Engine,
+    table: sa.Table,
+    members: Callable[[], Proc],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    fleet = [members() for _ in range(3)]
+    names = channels_in_distinct_buckets(len(fleet))
+    for name, proc in zip(names, fleet, strict=True):
+        command(proc, f"sub {name}")
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    for name, proc in zip(names, fleet, strict=True):
+        publisher.broadcast(name, "hello")
+        wait_for(lambda proc=proc, name=name: received(proc, name) == ["hello"], timeout=30)
+    wait_for(lambda: len(watchers(fleet)) == 1, timeout=30)
+    # One statement waits in the server for the whole host, not one per process.
+    samples = []
+    for _ in range(20):
+        samples.append(waiting_statements(engine, table))
+        time.sleep(0.05)
+    assert max(samples) == 1, samples
+    # Every listener sleeps on its bell (not polling on its timer after "hello").
+    wait_for(lambda: all("inotify on 1 host bell" in stats(p)["detail"] for p in fleet))
+    before = [(context_switches(p), stats(p)) for p in fleet]
+    readers = [s["reader"] for _, s in before[1:]]
+    assert all(isinstance(r, int) for r in readers), readers
+    statements_before = query_ids(engine, readers)
+    count = 100
+    for n in range(count):
+        publisher.broadcast(names[0], str(n))
+        time.sleep(0.003)  # spaced, so that each message is a wake-up of its own
+    wait_for(lambda: len(received(fleet[0], names[0])) == count + 1, timeout=30)
+    assert received(fleet[0], names[0]) == ["hello"] + [str(n) for n in range(count)]
+    after = [(context_switches(p), stats(p)) for p in fleet]
+    for (switches_before, stats_before), (switches_after, stats_after) in zip(
+        before[1:], after[1:], strict=True
+    ):
+        woken = switches_after - switches_before
+        print(f"an unconcerned listener thread slept and woke {woken} times")
+        # Woken by the others' messages, it would switch at least once for each (spaced).
+        assert woken < count // 4, f"woken {woken} times by {count} other messages"
+        assert stats_after["polls"] == stats_before["polls"]
+        assert stats_after["wakes"] == stats_before["wakes"]
+    # Nor did their reading connections run a statement, by the server's own count.
+    assert query_ids(engine, readers) == statements_before
+    assert after[0][1]["polls"] > before[0][1]["polls"]
+
+
+def test_when_the_watcher_dies_another_process_takes_over(
+    table: sa.Table,
+    members: Callable[[], Proc],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    fleet = [members() for _ in range(3)]
+    names = channels_in_distinct_buckets(len(fleet))
+    for name, proc in zip(names, fleet, strict=True):
+        command(proc, f"sub {name}")
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    wait_for(lambda: len(watchers(fleet)) == 1, timeout=30)
+    [leader] = watchers(fleet)
+    leader.popen.send_signal(signal.SIGKILL)
+    leader.popen.wait(30)
+    rest = [p for p in fleet if p is not leader]
+    # Sent while no process watches (the others try the lock once a second): the next
+    # watcher starts from the newest id its predecessor rang for, kept in the lock file.
+    for proc in rest:
+        publisher.broadcast(names[fleet.index(proc)], "meanwhile")
+    # The kernel released the lock: one of the others watches now, within seconds.
+    wait_for(lambda: len(watchers(rest)) == 1, timeout=30)
+    for proc in rest:
+        name = names[fleet.index(proc)]
+        # Rung for by the new watcher, not found along with a later message.
+        wait_for(lambda proc=proc, name=name: received(proc, name) == ["meanwhile"], timeout=30)
+        publisher.broadcast(name, "after")
+        wait_for(
+            lambda proc=proc, name=name: received(proc, name) == ["meanwhile", "after"],
+            timeout=30,
+        )
+
+
+def test_a_late_commit_behind_the_newest_id_still_rings_its_bell(
+    engine: sa.Engine,
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    late, other = channels_in_distinct_buckets(2)
+    listening = make_pubsub(auto_trim=False, safety_interval=NEVER, host_watch=True)
+    got: list[bytes] = []
+    listening.subscribe(late, got.append)
+    hint = listening._listener._hint  # type: ignore[union-attr]
+    assert isinstance(hint, HostBellHint)
+    wait_for(lambda: hint.watcher.leading, timeout=30)
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    publisher.broadcast(late, "first")
+    wait_for(lambda: got == [b"first"], timeout=30)
+    with engine.connect() as conn:
+        with conn.begin():
+            late_id = publisher.broadcast(late, "late", connection=conn)
+            # A later id commits first: the table's newest id passes the open one.
+            other_id = publisher.broadcast(other, "meanwhile")
+            assert other_id > late_id
+            wait_for(lambda: late_id in hint.watcher._holes, timeout=30)
+    # The late row does not move the newest id; the watcher asks about its hole.
+    wait_for(lambda: got == [b"first", b"late"], timeout=30)
+
+
+def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table: sa.Table) -> None:
+    from flask_firm_channel.engine.backends import dialect_for
+
+    dialect = dialect_for(engine)
+    bells = Bells(host_dir(engine), table.name)
+    parent = HostWatcher(engine, table, dialect, bells, commit_grace=5.0)  # type: ignore[arg-type]
+    parent.start()
+    wait_for(lambda: parent.leading, timeout=30)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: hold on, with whatever it inherited, until told to go
+        try:
+            os.close(write)
+            os.read(read, 1)
+        finally:
+            os._exit(0)
+    os.close(read)
+    try:
+        parent.close()
+        # The parent let go and the child lives on: another holder can take the lock.
+        fd = os.open(parent.lock_path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(write)
+        os.waitpid(pid, 0)
