@@ -42,6 +42,8 @@ class Contender:
     tmpdir: str = ""
     serial: int = 0
     spec: dict[str, Any] = field(default_factory=dict)
+    #: ours: engine settings of its processes (e.g. ``{"host_watch": True}``)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def can_subscribe(self) -> bool:
@@ -66,6 +68,8 @@ class Contender:
             spec["url"] = _backend_url(self.backend, tmpdir, f"ours_{serial}.db")
             if self.backend == "postgres":
                 spec["url"] += f"?application_name={spec['appname']}"
+            if self.settings:
+                spec["settings"] = dict(self.settings)
         elif self.kind == "firm":
             spec["interval"] = self.interval
             # firm-channel's table name is fixed (firm_channel_messages), so each firm contender

@@ -39,6 +39,13 @@ def fleet_contenders() -> list[Contender]:
         Contender("pgnotify/postgres", "pgnotify", "postgres", "raw LISTEN/NOTIFY"),
         Contender("ours/postgres", "ours", "postgres", "ours PostgreSQL"),
         Contender("ours/mariadb", "ours", "mariadb", "ours MariaDB"),
+        Contender(
+            "ours/mariadb-host",
+            "ours",
+            "mariadb",
+            "ours MariaDB, host watch",
+            settings={"host_watch": True},
+        ),
         Contender("ours/sqlite", "ours", "sqlite", "ours SQLite"),
     ]
 
@@ -81,7 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--drain", type=float, default=5.0, help="wait for late messages (default 5 s)")
     p.add_argument("--rounds", type=int, default=1, help="rounds; medians are reported")
     p.add_argument(
-        "--only", help="comma list of contenders: redis,pgnotify,ours,postgres,mariadb,sqlite"
+        "--only",
+        help="comma list of contenders: redis,pgnotify,ours,postgres,mariadb,mariadb-host,sqlite",
     )
     p.add_argument("--json", metavar="PATH", help="write the raw results here")
     p.add_argument("--from-json", metavar="PATH", help="print the tables of a saved run")

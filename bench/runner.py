@@ -87,6 +87,7 @@ def select(contenders: list[Contender], only: str | None) -> list[Contender]:
         or c.kind in tokens
         or c.key in tokens
         or c.key.split("/")[0] in tokens
+        or c.key.split("/")[-1] in tokens
         or (c.kind.startswith("firm") and "firm" in tokens)
     ]
 
