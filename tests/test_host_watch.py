@@ -188,6 +188,31 @@ def test_a_late_commit_behind_the_newest_id_still_rings_its_bell(
     wait_for(lambda: got == [b"first", b"late"], timeout=30)
 
 
+def test_what_committed_before_the_first_watcher_began_is_rung_for(
+    engine: sa.Engine,
+    table: sa.Table,
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    # The host's lock is held here, so the listener's watcher cannot begin.
+    bells = Bells(host_dir(engine), table.name)
+    os.makedirs(bells.directory, mode=0o700, exist_ok=True)
+    lock = os.open(bells.path(0)[:-2] + "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        listening = make_pubsub(auto_trim=False, safety_interval=NEVER, host_watch=True)
+        got: list[bytes] = []
+        listening.subscribe("early", got.append)
+        hint = listening._listener._hint  # type: ignore[union-attr]
+        assert isinstance(hint, HostBellHint)
+        wait_for(lambda: listening.health().polls > 0, timeout=30)  # it has read the table
+        make_pubsub(auto_trim=False, heartbeat_interval=0).broadcast("early", "before")
+        assert not hint.watcher.leading
+    finally:
+        os.close(lock)  # the lock goes with it: the watcher begins within a second
+    # Its first answer is its baseline, past "before": it rings every bell once.
+    wait_for(lambda: got == [b"before"], timeout=30)
+
+
 def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table: sa.Table) -> None:
     from flask_firm_channel.engine.backends import dialect_for
 
@@ -197,15 +222,20 @@ def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table
     parent.start()
     wait_for(lambda: parent.leading, timeout=30)
     read, write = os.pipe()
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: hold on, with whatever it inherited, until told to go
         try:
             os.close(write)
+            # Its fork handlers have run by the time fork returns here.
+            os.write(ready_w, b"r")
             os.read(read, 1)
         finally:
             os._exit(0)
     os.close(read)
+    os.close(ready_w)
     try:
+        assert os.read(ready_r, 1) == b"r"
         parent.close()
         # The parent let go and the child lives on: another holder can take the lock.
         fd = os.open(parent.lock_path, os.O_RDWR)
@@ -215,4 +245,5 @@ def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table
             os.close(fd)
     finally:
         os.close(write)
+        os.close(ready_r)
         os.waitpid(pid, 0)

@@ -69,3 +69,21 @@ class Bells:
                     pass
             except OSError:
                 pass
+
+    def ring_all(self) -> None:
+        """Wake every listener of the table: each bell in the directory is rung. Never
+        raises."""
+        name = os.path.basename(self._prefix) + "."
+        try:
+            found = os.listdir(self.directory)
+        except OSError:
+            return
+        buckets = set()
+        for entry in found:
+            tail = entry[len(name) :]
+            if entry.startswith(name) and len(tail) == 2:
+                try:
+                    buckets.add(int(tail, 16))
+                except ValueError:
+                    continue
+        self.ring(buckets)

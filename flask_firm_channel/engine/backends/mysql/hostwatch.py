@@ -260,8 +260,11 @@ class HostWatcher:
             self._holes.pop(hole, None)
         if newest < 0 or top < newest or top - newest > MAX_TAKEOVER + SEEN_IDS:
             # The first answer, the table's ids went back (emptied and made again), or far
-            # past a predecessor's last: nothing to compare with.
+            # past a predecessor's last: nothing to compare with. Every listener of the host
+            # reads once, so that what committed before this baseline is not left to the
+            # safety poll.
             self._holes.clear()
+            self.bells.ring_all()
             return top, False
         if len(new) >= SEEN_IDS:
             top = new[-1][0]  # the rest on the next answer, at once
