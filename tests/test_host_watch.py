@@ -173,7 +173,7 @@ def test_a_late_commit_behind_the_newest_id_still_rings_its_bell(
     listening.subscribe(late, got.append)
     hint = listening._listener._hint  # type: ignore[union-attr]
     assert isinstance(hint, HostBellHint)
-    wait_for(lambda: hint.watcher.leading, timeout=30)
+    wait_for(lambda: hint.watcher.ready, timeout=30)
     publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
     publisher.broadcast(late, "first")
     wait_for(lambda: got == [b"first"], timeout=30)

@@ -103,6 +103,12 @@ class HostWatcher:
         self._newest = -1
         _watchers.add(self)
 
+    @property
+    def ready(self) -> bool:
+        """This process is its host's watcher and has its baseline: whatever commits from
+        now on is rung for."""
+        return self.leading and self._newest >= 0
+
     def start(self) -> None:
         self._thread = threading.Thread(
             target=self._run, name=f"firm-channel-host-watch-{self.table.name}", daemon=True
