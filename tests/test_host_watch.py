@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -247,3 +248,28 @@ def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table
         os.close(write)
         os.close(ready_r)
         os.waitpid(pid, 0)
+
+
+def test_a_bells_directory_others_may_write_is_not_used(
+    engine: sa.Engine,
+    make_pubsub: Callable[..., PubSub],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the host's temporary files
+    directory = host_dir(engine)
+    assert directory.startswith(str(tmp_path))
+    os.makedirs(directory)
+    os.chmod(directory, 0o777)
+    listening = make_pubsub(auto_trim=False, host_watch=True)
+    got: list[bytes] = []
+    listening.subscribe("shared", got.append)
+    # Each process waits on its own, as without the setting, and says why.
+    assert listening.health().wake_mode == "adaptive"
+    assert any(
+        directory in r.getMessage() and "other users" in r.getMessage() for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    make_pubsub(auto_trim=False).broadcast("shared", "still delivered")
+    wait_for(lambda: got == [b"still delivered"], timeout=30)
+    assert os.listdir(directory) == []  # no bell or lock made in it

@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import select
+import stat
 import tempfile
 import threading
 import time
@@ -300,18 +301,43 @@ if hasattr(os, "register_at_fork"):
 
 
 def usable_here(engine: Engine) -> bool:
-    """Whether this process can share a host watcher: inotify, and a directory it may write."""
+    """Whether this process can share a host watcher: inotify, and a directory of its own
+    (a WARNING says why not, and the listener waits on its own)."""
     from ..base.filewatch import FileWatch
 
     watch = FileWatch.empty()
     if watch is None:
+        log.warning("firm-channel host watch: inotify is not available here, each process waits")
         return False
     watch.close()
-    try:
-        os.makedirs(host_dir(engine), mode=0o700, exist_ok=True)
-    except OSError:
+    directory = host_dir(engine)
+    problem = _unsafe(directory)
+    if problem is not None:
+        log.warning(
+            "firm-channel host watch: %s %s; each process waits on its own", directory, problem
+        )
         return False
-    return os.access(host_dir(engine), os.W_OK)
+    return True
+
+
+def _unsafe(directory: str) -> str | None:
+    """Why the bells' directory cannot be trusted, or None. It lives among the host's
+    temporary files: it must be a real directory of this user that no one else may write
+    (a bell is touched with ``utime``, which follows a symbolic link)."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        info = os.lstat(directory)
+    except OSError as exc:
+        return f"cannot be made ({exc})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a directory"
+    if info.st_uid != os.getuid():
+        return "belongs to another user"
+    if info.st_mode & 0o022:
+        return "may be written by other users"
+    if not os.access(directory, os.W_OK):
+        return "may not be written by this process"
+    return None
 
 
 __all__ = ["HostWatcher", "host_dir", "usable_here"]
