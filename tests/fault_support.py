@@ -97,6 +97,11 @@ class SubscriberProcess:
         self.send("health")
         return self._reply("health")["health"]  # type: ignore[no-any-return]
 
+    def connections(self) -> list[int]:
+        """The server's ids of the listener's own connections (MySQL), from the process."""
+        self.send("connections")
+        return list(self._reply("connections")["connections"])
+
     def inject(self, count: int, base: bool = False) -> None:
         self.send(f"inject {count}{' base' if base else ''}")
         self._reply("injected")

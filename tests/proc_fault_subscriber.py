@@ -7,6 +7,8 @@ once subscribed, ``{"msg": payload, "t": epoch}`` per delivered message. Command
 one per line:
 
 - ``health``: answers ``{"health": {...}}`` (``PubSub.health()``);
+- ``connections``: answers ``{"connections": [...]}``, the server's ids of the listener's own
+  connections open now (MySQL: its reads and its wake hint's wait);
 - ``inject N [base]``: the listener's next ``N`` table reads raise ``RuntimeError`` (an
   unexpected error inside the listener loop), or with ``base`` a ``BaseException`` that is
   no ``Exception`` (one that escapes the loop); answers ``{"injected": N}``;
@@ -61,6 +63,20 @@ def _install_fault_hook() -> None:
         return original(self, *args, **kwargs)
 
     reads.Reads.rows = rows  # type: ignore[method-assign]
+
+
+def listener_connections(pubsub: PubSub) -> list[int]:
+    """The MySQL server's ids of the listener's reads and wait connections that are open."""
+    listener = pubsub._listener
+    if listener is None:
+        return []
+    wait = getattr(listener._hint, "_wait", None)
+    found = []
+    for conn in (listener._reads._conn, wait._conn if wait is not None else None):
+        thread_id = getattr(conn, "thread_id", None)
+        if callable(thread_id):
+            found.append(int(thread_id()))
+    return found
 
 
 def main() -> int:
@@ -120,6 +136,8 @@ def main() -> int:
                 _inject_base = rest[1:] == ["base"]
                 _injected = int(rest[0])
                 emit({"injected": _injected})
+            elif command == "connections":
+                emit({"connections": listener_connections(pubsub)})
             elif command == "quit":
                 break
         return 0

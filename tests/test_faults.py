@@ -201,7 +201,17 @@ def test_mysql_kill_listener_connections(setup: Setup) -> None:
     sub = s.subscriber()
     bc = s.broadcaster().start()
     stream_until(sub, 20)
-    ids = wait_for(lambda: mysql_connection_ids(s.admin, sub.pid))
+
+    # Every connection of the process, and at least the listener's reads among them: the
+    # process names its own (its wait's may be between two connects), since a kill that
+    # missed the reads would leave the listener delivering what its wait carries with no
+    # error to recover from.
+    def connections() -> list[int] | None:
+        own = sub.connections()
+        ids = mysql_connection_ids(s.admin, sub.pid)
+        return sorted(set(ids) | set(own)) if own and set(own) <= set(ids) else None
+
+    ids = wait_for(connections, timeout=30)
     fault_at = time.time()
     with s.admin.connect() as conn:
         for conn_id in ids:
