@@ -81,8 +81,8 @@ class HostBellHint(WakeHint):
         for path in self._watch.paths - wanted:
             self._watch.remove(path)
         if not self.healthy:
+            self.reconnects += 1  # counted before it says healthy again
             self.healthy = True
-            self.reconnects += 1
 
     def fileno(self) -> int | None:
         return self._watch.fileno() if self._watch is not None and self.healthy else None

@@ -424,13 +424,14 @@ class NotifyHint(WakeHint):
             self._retry_at = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, self.RETRY_MAX)
             return
-        self.healthy = True
         self.epoch += 1
         self._made_at = time.monotonic()
         self._backoff = self.RETRY_FIRST
+        # Counted before it says healthy: whoever sees it healthy again sees the reconnect.
         if self._connected_before:
             self.reconnects += 1
         self._connected_before = True
+        self.healthy = True
 
     def _lost(self, exc: BaseException) -> None:
         self._close_conn()
