@@ -92,17 +92,24 @@ class MySQLDialect(Dialect):
     def reader(self, conn: Any) -> Runner:
         return PyMySQLRunner(conn) if PyMySQLRunner.usable(conn) else CursorRunner(conn)
 
-    def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
-        # MariaDB runs a compound statement sent on its own (BEGIN NOT ATOMIC, 10.1+); MySQL
-        # only inside a stored procedure, which would need privileges to create.
+    def _can_wait(self, conn: Any) -> bool:
+        """Whether a statement can wait inside the server on ``conn``, made ready for it.
+
+        MariaDB runs a compound statement sent on its own (BEGIN NOT ATOMIC, 10.1+); MySQL
+        only inside a stored procedure, which would need privileges to create."""
         if not getattr(self.engine.dialect, "is_mariadb", False) or not ServerWait.usable(conn):
-            return None
+            return False
         cursor = conn.cursor()
         try:
             # No statement time limit for this session: the wait is bounded by itself.
             cursor.execute("SET SESSION max_statement_time = 0")
         finally:
             cursor.close()
+        return True
+
+    def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
+        if not self._can_wait(conn):
+            return None
         name = self._qualified(table)
         label = _label(table)
 
@@ -166,13 +173,8 @@ class MySQLDialect(Dialect):
         channel_hash)`` of every row past the baseline up to it (none for a baseline below
         0), then, when holes were given, of those that are there.
         """
-        if not getattr(self.engine.dialect, "is_mariadb", False) or not ServerWait.usable(conn):
+        if not self._can_wait(conn):
             return None
-        cursor = conn.cursor()
-        try:
-            cursor.execute("SET SESSION max_statement_time = 0")
-        finally:
-            cursor.close()
         name = self._qualified(table)
         label = _label(table)
 
