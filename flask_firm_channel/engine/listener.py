@@ -82,6 +82,19 @@ def _epoch(created_at: datetime) -> float:
     return created_at.replace(tzinfo=timezone.utc).timestamp()
 
 
+def _outside(start: int, end: int, settled: tuple[int, int] | None) -> list[tuple[int, int]]:
+    """The parts of ``start..end`` outside the settled ids ``low < id <= high``."""
+    if settled is None:
+        return [(start, end)]
+    low, high = settled
+    parts = []
+    if start <= low:
+        parts.append((start, min(end, low)))
+    if end > high:
+        parts.append((max(start, high + 1), end))
+    return parts
+
+
 class _Pending:
     """A resumed subscription's cursor gaps below its anchor, still awaited."""
 
@@ -639,6 +652,7 @@ class Listener:
                 del self._pending[key]
         ranges = self._ranges()
         open_ended = sum(1 for r in ranges if r.high is None)
+        settled = self._hint.settled()  # before the read, which then sees all of it
         rows = self._read(ranges)
         # An open-ended range that hit its limit stopped at its last row: nothing above that
         # may be taken from any range yet, or the high-water mark would pass unread rows.
@@ -654,12 +668,19 @@ class Listener:
             cut = min(full)
             rows = [row for row in rows if row.id <= cut]
             self._more = True
-        self._take(rows)
+        self._take(rows, settled=settled)
         return len(rows)
 
-    def _take(self, rows: list[Row], seen: Seen | None = None) -> None:
+    def _take(
+        self,
+        rows: list[Row],
+        seen: Seen | None = None,
+        settled: tuple[int, int] | None = None,
+    ) -> None:
         """Dispatch ``rows`` (read or carried, in the order found) and move the high-water
-        mark and the gaps past them. ``seen``: the ids the hint read with carried rows."""
+        mark and the gaps past them. ``seen``: the ids the hint read with carried rows;
+        ``settled``: the hint's settled ids (:meth:`WakeHint.settled`) as they were before
+        ``rows`` were read."""
         hw = self._high_water
         assert hw is not None
         # Other channels' rows inside the gaps this batch opens are looked up before any
@@ -667,18 +688,19 @@ class Listener:
         fresh, top = [], hw
         for row in rows:
             if row.id > top + 1:
-                fresh.append((top + 1, row.id - 1))
+                fresh.extend(_outside(top + 1, row.id - 1, settled))
             top = max(top, row.id)
         foreign = sorted(self._foreign_ids(fresh, seen)) if fresh else []
         for row in rows:
             if row.id > hw:
                 if row.id > hw + 1:
-                    self._gaps.open(hw + 1, row.id - 1, _epoch(row.created_at))
-                    settled = foreign[
+                    for start, end in _outside(hw + 1, row.id - 1, settled):
+                        self._gaps.open(start, end, _epoch(row.created_at))
+                    others = foreign[
                         bisect.bisect_right(foreign, hw) : bisect.bisect_left(foreign, row.id)
                     ]
-                    if settled:
-                        self._gaps.remove(settled)
+                    if others:
+                        self._gaps.remove(others)
                 hw = self._high_water = row.id
                 self._deliver(row, late=False)
             elif self._gaps.inside([row.id]):

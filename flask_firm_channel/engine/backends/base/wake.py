@@ -109,6 +109,15 @@ class WakeHint:
         messages with it instead of reading their ids."""
         return None
 
+    def settled(self) -> tuple[int, int] | None:
+        """Ids ``low < id <= high`` of which every row that will ever commit has committed
+        (or was given up after ``commit_grace``), as known to the hint *now*; or None.
+
+        Called before a read of the table: that read sees all of those rows, so an id of
+        that range the read of the followed channels does not return is another channel's
+        row (or no row), and the listener opens no gap for it instead of reading its id."""
+        return None
+
     def follow(self, hashes: frozenset[int]) -> None:
         """The channel hashes the listener follows from its next read of the table on.
 

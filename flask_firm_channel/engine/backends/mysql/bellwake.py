@@ -10,7 +10,7 @@ from ...reads import Row
 from ..base.bells import Bells, bucket
 from ..base.filewatch import FileWatch
 from ..base.wake import WakeHint
-from .hostwatch import HostWatcher, host_dir
+from .hostwatch import HostWatcher, host_dir, read_settled
 
 
 class HostBellHint(WakeHint):
@@ -108,6 +108,9 @@ class HostBellHint(WakeHint):
 
     def take_carried(self) -> tuple[list[Row], bool]:
         return [], True  # a bell carries nothing: a read delivers
+
+    def settled(self) -> tuple[int, int] | None:
+        return read_settled(self._watcher.settled_path) if self.healthy else None
 
     def next_timeout(self) -> float:
         if not self.healthy:

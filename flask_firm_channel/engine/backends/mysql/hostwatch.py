@@ -16,6 +16,12 @@ of the host, the watcher's included, sleeps on the bells of the buckets it follo
 A row whose transaction was still open when the watcher passed its id (a hole) does not move
 the newest id when it commits: the watcher's wait also asks about its holes, and rings their
 bells when they appear, for ``commit_grace`` at most.
+
+The watcher also publishes which ids are settled (``<table>.settled``: every id from just
+above its first baseline up to below its oldest open hole has committed or been given up),
+before it rings for them. A listener that reads the table after reading that range knows an
+id of it that its read did not return belongs to another channel, and opens no gap for it:
+with many processes each following its own channels, none reads the ids of the others' rows.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ class HostWatcher:
         self.bells = bells
         self.commit_grace = commit_grace
         self.lock_path = bells.path(0)[: -len("00")] + "lock"
+        self.settled_path = self.lock_path[: -len("lock")] + "settled"
         self._stop = threading.Event()
         #: Written to on close: the watching thread waits on it beside the server's answer.
         self._wake_r, self._wake_w = os.pipe()
@@ -102,6 +109,10 @@ class HostWatcher:
         self._holes: dict[int, float] = {}
         #: The newest id rung for (-1: none yet); kept across reconnects.
         self._newest = -1
+        #: The ids this watcher vouches for start above this one (its first baseline); and
+        #: the range published last.
+        self._from = -1
+        self._published: tuple[int, int] | None = None
         _watchers.add(self)
 
     @property
@@ -161,7 +172,7 @@ class HostWatcher:
                     continue
                 if not self.leading:
                     log.debug("firm-channel: this process watches %s for its host", self.table)
-                    self._newest = self._stored()
+                    self._newest = self._from = self._stored()
                 self.leading = True
                 self._watch()
                 backoff = 0.5
@@ -271,6 +282,8 @@ class HostWatcher:
             # reads once, so that what committed before this baseline is not left to the
             # safety poll.
             self._holes.clear()
+            self._from = top
+            self._publish(top)
             self.bells.ring_all()
             return top, False
         if len(new) >= SEEN_IDS:
@@ -281,11 +294,52 @@ class HostWatcher:
             for missing in range(newest + 1, top + 1):
                 if missing not in there:
                     self._holes[missing] = until
+        else:
+            self._from = top  # its holes are not known: nothing below it is vouched for
+        self._publish(min(self._holes) - 1 if self._holes else top)
         hashes = [h for _, h in new] + [h for _, h in found]
         if hashes:
             self.bells.ring(hashes)
             self.rings += 1
         return top, bool(hashes)
+
+    def _publish(self, high: int) -> None:
+        """Tell the host's listeners that every id in ``_from < id <= high`` is settled
+        (written whole: a new file renamed over the old one)."""
+        settled = (self._from, max(high, self._from))
+        if settled == self._published:
+            return
+        temporary = self.settled_path + ".new"
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, f"{settled[0]} {settled[1]}\n".encode())
+            finally:
+                os.close(fd)
+            os.replace(temporary, self.settled_path)
+        except OSError as exc:
+            # Listeners read the ids past the range published before, as they do without
+            # one; it goes, lest the table went back since. The bells are rung all the same.
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._published = None
+            try:
+                os.unlink(self.settled_path)
+            except OSError:
+                pass
+            return
+        self._published = settled
+
+
+def read_settled(path: str) -> tuple[int, int] | None:
+    """The settled ids a host's watcher published at ``path`` (``HostWatcher._publish``):
+    ``(low, high)``, or None when there is no such range."""
+    try:
+        with open(path, "rb") as file:
+            low, high = (int(part) for part in file.read(64).split())
+    except (OSError, ValueError):
+        return None
+    return (low, high) if 0 <= low < high else None
 
 
 _watchers: weakref.WeakSet[HostWatcher] = weakref.WeakSet()
@@ -340,4 +394,4 @@ def _unsafe(directory: str) -> str | None:
     return None
 
 
-__all__ = ["HostWatcher", "host_dir", "usable_here"]
+__all__ = ["HostWatcher", "host_dir", "read_settled", "usable_here"]
