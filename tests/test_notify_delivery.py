@@ -12,7 +12,11 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings
-from flask_firm_channel.engine.backends.postgresql import NOTIFY_PAYLOAD_LIMIT, notify_channel_name
+from flask_firm_channel.engine.backends.postgresql import (
+    NOTIFY_PAYLOAD_LIMIT,
+    notify_channel_name,
+    notify_note,
+)
 from flask_firm_channel.engine.backends.postgresql.wake import NotifyHint
 
 from .conftest import settle_pg_statistics, wait_for
@@ -227,3 +231,54 @@ def test_other_processes_probes_and_pings_wake_no_read(
     wait_for(lambda: received == [b"first", b"second"])
     # The second message came in its NOTIFY, after the forty others: no read in between.
     assert subscriber.health().polls == polls
+
+
+def test_a_notify_of_a_message_the_listener_just_read_costs_no_second_read(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: Callable[..., PubSub],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    """A message that commits after the listener's LISTEN and before its read is read, and its
+    NOTIFY comes after that read (a new subscription's first read, a broadcast of the process
+    itself): delivered already, it is no reason to read the table again."""
+    before = scans_from_now(engine, table)
+    subscriber = listening(safety_interval=3600)
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    received: list[bytes] = []
+    subscriber.subscribe("own", received.append)
+    wait_for(lambda: subscriber.health().wake_healthy)
+    # Its own broadcast wakes its listener, which reads the message from the table.
+    own_id = subscriber.broadcast("own", "mine")
+    wait_for(lambda: received == [b"mine"])
+    with engine.connect() as conn:
+        id_, hash_, channel, payload, created_at = conn.execute(
+            sa.select(
+                table.c.id,
+                table.c.channel_hash,
+                table.c.channel,
+                table.c.payload,
+                table.c.created_at,
+            ).where(table.c.id == own_id)
+        ).one()
+    note = f"{id_}{notify_note(hash_, channel, payload, created_at)}"
+    hint = subscriber._listener._hint  # type: ignore[union-attr]
+    late = 20
+    # The NOTIFY of that message again, late, as when its commit fell between the two.
+    with engine.connect() as conn:
+        for _ in range(late):
+            wakes = hint.wakes
+            conn.execute(
+                sa.text("SELECT pg_notify(:channel, :note)"),
+                {"channel": notify_channel_name(table.name, hash_), "note": note},
+            )
+            conn.commit()
+            wait_for(lambda wakes=wakes: hint.wakes > wakes)
+    publisher.broadcast("own", "after")
+    wait_for(lambda: received == [b"mine", b"after"])
+    read = scans_after_closing(subscriber, engine, table) - before
+    print(f"{read} scans of the table in all, with {late} late NOTIFYs of a message read")
+    # Its start and the read its own broadcast asked for (5 scans here); a read for each late
+    # NOTIFY would add one each. "after" came in its NOTIFY.
+    assert read <= 10

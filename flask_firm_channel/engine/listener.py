@@ -145,6 +145,10 @@ class Listener:
         #: hint carries since is all there is only while both are unchanged.
         self._covered_epoch: int | None = None
         self._covered_version = -1
+        #: ``id -> created_at`` of the rows the last poll that found any read: a NOTIFY of
+        #: one of them (its commit fell between the hint's LISTEN and that read) comes after
+        #: the read, and the message is delivered already.
+        self._just_read: dict[int, datetime] = {}
         #: Bumped whenever this thread moves a subscription's anchor: with the snapshot's
         #: version, it says when the anchors :meth:`_follow` last looked at may have changed.
         self._anchor_epoch = 0
@@ -436,6 +440,9 @@ class Listener:
         ):
             return None
         hw = self._high_water
+        # A message the last poll read, notified after it (its commit fell between the
+        # hint's LISTEN and that read): delivered already.
+        rows = [row for row in rows if self._just_read.get(row.id) != row.created_at]
         if any(row.id <= hw and not self._gaps.inside([row.id]) for row in rows):
             # An id passed without a gap: read before, or the table went backwards (ids
             # reset), which only a read of the table tells.
@@ -654,6 +661,8 @@ class Listener:
         open_ended = sum(1 for r in ranges if r.high is None)
         settled = self._hint.settled()  # before the read, which then sees all of it
         rows = self._read(ranges)
+        if rows:
+            self._just_read = {row.id: row.created_at for row in rows}
         # An open-ended range that hit its limit stopped at its last row: nothing above that
         # may be taken from any range yet, or the high-water mark would pass unread rows.
         cut = None
