@@ -4,8 +4,10 @@ Opens ``--connections`` streams (one thread each, plain ``http.client``), parses
 the WHATWG parser of ``tests/sse_parser.py`` and writes one JSON line per event to stdout:
 ``{"conn": i, "pid": <X-Worker-Pid>, "type", "data", "id", "t"}``, plus a ``{"conn": i,
 "status": ..., "headers": ...}`` line when a connection opens and ``{"conn": i, "eof": true}``
-when the server ends it. ``--distinct-workers K`` keeps opening connections (up to
-``--connections``) until K different worker pids serve one, and closes the extras.
+when the server ends it. ``--distinct-workers K`` keeps opening connections until K
+different worker pids serve one (for ``--within`` seconds at most), closing at once each that
+lands on a worker already holding one: which worker accepts is the kernel's choice, and on a
+loaded machine one worker can lose every race for a while.
 ``--slow`` sets a tiny receive buffer and reads nothing until ``--slow`` seconds passed.
 """
 
@@ -80,17 +82,22 @@ def main() -> None:
     ap.add_argument("url")
     ap.add_argument("--connections", type=int, default=1)
     ap.add_argument("--distinct-workers", type=int, default=0)
+    ap.add_argument("--within", type=float, default=30.0)
     ap.add_argument("--last-event-id")
     ap.add_argument("--slow", type=float, default=0.0)
     args = ap.parse_args()
 
     opened: list[http.client.HTTPResponse] = []
     pids: set[str | None] = set()
-    for _ in range(args.connections):
+    deadline = time.monotonic() + args.within
+    while len(opened) < args.connections:
         resp = open_stream(args.url, args.last_event_id, 4096 if args.slow else None)
         pid = resp.getheader("X-Worker-Pid")
         if args.distinct_workers and pid in pids:
             resp.close()
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)  # the next try, after the other workers had a turn
             continue
         pids.add(pid)
         opened.append(resp)

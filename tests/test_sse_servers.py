@@ -260,8 +260,9 @@ def test_browser_and_raw_clients_across_three_gthread_workers(server: Any, brows
     srv = server(
         EXAMPLE_WORKERS=3, EXAMPLE_THREADS=20, EXAMPLE_FIRM_CHANNEL_SAFETY_INTERVAL=3600
     ).start(workers=3)
-    raw = srv.client("/rooms/lobby/events", "--connections", "60", "--distinct-workers", "3")
-    wait_for(lambda: raw.ready() >= 0, timeout=30)
+    # Up to 30 s of tries, one stream held per worker (tests/proc_sse_client.py).
+    raw = srv.client("/rooms/lobby/events", "--connections", "3", "--distinct-workers", "3")
+    wait_for(lambda: raw.ready() >= 0, timeout=60)
     assert raw.ready() == 3, f"streams landed on {raw.pids()}"
     assert len(set(raw.pids())) == 3
 
@@ -340,8 +341,9 @@ def test_gevent_workers_deliver_without_blocking_the_hub(server: Any) -> None:
         GEVENT_MONITOR_THREAD_ENABLE="true",
         GEVENT_MAX_BLOCKING_TIME="0.3",
     ).start("tests.gevent_app:app", workers=2)
-    raw = srv.client("/rooms/lobby/events", "--connections", "40", "--distinct-workers", "2")
-    wait_for(lambda: raw.ready() >= 0, timeout=30)
+    # Up to 30 s of tries, one stream held per worker (tests/proc_sse_client.py).
+    raw = srv.client("/rooms/lobby/events", "--connections", "2", "--distinct-workers", "2")
+    wait_for(lambda: raw.ready() >= 0, timeout=60)
     assert raw.ready() == 2
     poster = Poster(srv.base)
     texts = [poster.post(f"gevent {i}")["text"] for i in range(10)]
