@@ -84,6 +84,24 @@ def waiting_statements(engine: sa.Engine, table: sa.Table) -> int:
         )
 
 
+def watched_after_first(
+    make_pubsub: Callable[..., PubSub], channel: str, **settings: object
+) -> tuple[list[bytes], HostBellHint, PubSub]:
+    """A listener with ``host_watch`` (its safety poll out of reach) following ``channel``,
+    once its process watches the host and a first message reached it: what it got, its hint,
+    and a publisher."""
+    listening = make_pubsub(auto_trim=False, safety_interval=NEVER, host_watch=True, **settings)
+    got: list[bytes] = []
+    listening.subscribe(channel, got.append)
+    hint = listening._listener._hint  # type: ignore[union-attr]
+    assert isinstance(hint, HostBellHint)
+    wait_for(lambda: hint.watcher.ready, timeout=30)
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    publisher.broadcast(channel, "first")
+    wait_for(lambda: got == [b"first"], timeout=30)
+    return got, hint, publisher
+
+
 def test_one_process_watches_for_its_host_and_a_message_wakes_only_those_that_follow_it(
     engine: sa.Engine,
     table: sa.Table,
@@ -169,15 +187,7 @@ def test_a_late_commit_behind_the_newest_id_still_rings_its_bell(
     make_pubsub: Callable[..., PubSub],
 ) -> None:
     late, other = channels_in_distinct_buckets(2)
-    listening = make_pubsub(auto_trim=False, safety_interval=NEVER, host_watch=True)
-    got: list[bytes] = []
-    listening.subscribe(late, got.append)
-    hint = listening._listener._hint  # type: ignore[union-attr]
-    assert isinstance(hint, HostBellHint)
-    wait_for(lambda: hint.watcher.ready, timeout=30)
-    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
-    publisher.broadcast(late, "first")
-    wait_for(lambda: got == [b"first"], timeout=30)
+    got, hint, publisher = watched_after_first(make_pubsub, late)
     with engine.connect() as conn:
         with conn.begin():
             late_id = publisher.broadcast(late, "late", connection=conn)
@@ -287,17 +297,7 @@ def test_a_listener_passes_the_rows_of_other_channels_without_reading_their_ids(
     make_pubsub: Callable[..., PubSub],
 ) -> None:
     mine, other = channels_in_distinct_buckets(2)
-    listening = make_pubsub(
-        auto_trim=False, safety_interval=NEVER, heartbeat_interval=0, host_watch=True
-    )
-    got: list[bytes] = []
-    listening.subscribe(mine, got.append)
-    hint = listening._listener._hint  # type: ignore[union-attr]
-    assert isinstance(hint, HostBellHint)
-    wait_for(lambda: hint.watcher.ready, timeout=30)
-    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
-    publisher.broadcast(mine, "first")
-    wait_for(lambda: got == [b"first"], timeout=30)
+    got, _, publisher = watched_after_first(make_pubsub, mine, heartbeat_interval=0)
     rounds, others = 10, 50
     before = rows_read_by_index(engine)
     for n in range(rounds):
@@ -318,15 +318,7 @@ def test_a_late_commit_the_listener_read_past_is_delivered(
     make_pubsub: Callable[..., PubSub],
 ) -> None:
     mine, other = channels_in_distinct_buckets(2)
-    listening = make_pubsub(auto_trim=False, safety_interval=NEVER, host_watch=True)
-    got: list[bytes] = []
-    listening.subscribe(mine, got.append)
-    hint = listening._listener._hint  # type: ignore[union-attr]
-    assert isinstance(hint, HostBellHint)
-    wait_for(lambda: hint.watcher.ready, timeout=30)
-    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
-    publisher.broadcast(mine, "first")
-    wait_for(lambda: got == [b"first"], timeout=30)
+    got, hint, publisher = watched_after_first(make_pubsub, mine)
     with engine.connect() as conn:
         with conn.begin():
             late_id = publisher.broadcast(mine, "late", connection=conn)
