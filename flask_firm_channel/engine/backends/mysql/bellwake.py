@@ -10,7 +10,8 @@ from ...reads import Row
 from ..base.bells import Bells, bucket
 from ..base.filewatch import FileWatch
 from ..base.wake import WakeHint
-from .hostwatch import HostWatcher, host_dir, read_settled
+from .hostwatch import HostWatcher, host_dir
+from .settled import read_settled
 
 
 class HostBellHint(WakeHint):

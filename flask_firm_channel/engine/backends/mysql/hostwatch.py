@@ -17,11 +17,12 @@ A row whose transaction was still open when the watcher passed its id (a hole) d
 the newest id when it commits: the watcher's wait also asks about its holes, and rings their
 bells when they appear, for ``commit_grace`` at most.
 
-The watcher also publishes which ids are settled (``<table>.settled``: every id from just
-above its first baseline up to below its oldest open hole has committed or been given up),
-before it rings for them. A listener that reads the table after reading that range knows an
-id of it that its read did not return belongs to another channel, and opens no gap for it:
-with many processes each following its own channels, none reads the ids of the others' rows.
+The watcher also publishes which ids are settled (``<table>.settled``, ``settled.py``: every
+id from just above its first baseline up to below its oldest open hole has committed or been
+given up), before it rings for them. A listener that reads the table after reading that range
+knows an id of it that its read did not return belongs to another channel, and opens no gap
+for it: with many processes each following its own channels, none reads the ids of the
+others' rows.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ...connections import close_quietly, dedicated_connection, older_than, pool
 from ..base.bells import Bells
 from .dialect import SEEN_IDS, HostRead, MySQLDialect
 from .runner import ServerWait
+from .settled import SettledRecord
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -95,6 +97,7 @@ class HostWatcher:
         self.commit_grace = commit_grace
         self.lock_path = bells.path(0)[: -len("00")] + "lock"
         self.settled_path = self.lock_path[: -len("lock")] + "settled"
+        self._settled = SettledRecord(self.settled_path)
         self._stop = threading.Event()
         #: Written to on close: the watching thread waits on it beside the server's answer.
         self._wake_r, self._wake_w = os.pipe()
@@ -109,10 +112,8 @@ class HostWatcher:
         self._holes: dict[int, float] = {}
         #: The newest id rung for (-1: none yet); kept across reconnects.
         self._newest = -1
-        #: The ids this watcher vouches for start above this one (its first baseline); and
-        #: the range published last.
+        #: The ids this watcher vouches for start above this one (its first baseline).
         self._from = -1
-        self._published: tuple[int, int] | None = None
         _watchers.add(self)
 
     @property
@@ -136,6 +137,8 @@ class HostWatcher:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(5.0)
+        if thread is None or not thread.is_alive() or thread is threading.current_thread():
+            self._settled.close()  # else left open: the thread may still write to it
         self._release()
         for fd in (self._wake_r, self._wake_w):
             try:
@@ -155,6 +158,7 @@ class HostWatcher:
         fd, self._lock_fd = self._lock_fd, None
         self.leading = False
         self._stop.set()
+        self._settled.forget_after_fork()
         if fd is not None:
             try:
                 os.close(fd)
@@ -305,41 +309,15 @@ class HostWatcher:
 
     def _publish(self, high: int) -> None:
         """Tell the host's listeners that every id in ``_from < id <= high`` is settled
-        (written whole: a new file renamed over the old one)."""
-        settled = (self._from, max(high, self._from))
-        if settled == self._published:
-            return
-        temporary = self.settled_path + ".new"
+        (``settled.py``: one record written in place)."""
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, f"{settled[0]} {settled[1]}\n".encode())
-            finally:
-                os.close(fd)
-            os.replace(temporary, self.settled_path)
+            self._settled.publish(self._from, max(high, self._from))
         except OSError as exc:
             # Listeners read the ids past the range published before, as they do without
             # one; it goes, lest the table went back since. The bells are rung all the same.
             self.errors += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
-            self._published = None
-            try:
-                os.unlink(self.settled_path)
-            except OSError:
-                pass
-            return
-        self._published = settled
-
-
-def read_settled(path: str) -> tuple[int, int] | None:
-    """The settled ids a host's watcher published at ``path`` (``HostWatcher._publish``):
-    ``(low, high)``, or None when there is no such range."""
-    try:
-        with open(path, "rb") as file:
-            low, high = (int(part) for part in file.read(64).split())
-    except (OSError, ValueError):
-        return None
-    return (low, high) if 0 <= low < high else None
+            self._settled.withdraw()
 
 
 _watchers: weakref.WeakSet[HostWatcher] = weakref.WeakSet()
@@ -394,4 +372,4 @@ def _unsafe(directory: str) -> str | None:
     return None
 
 
-__all__ = ["HostWatcher", "host_dir", "read_settled", "usable_here"]
+__all__ = ["HostWatcher", "host_dir", "usable_here"]
