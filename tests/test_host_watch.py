@@ -331,3 +331,25 @@ def test_a_late_commit_the_listener_read_past_is_delivered(
             low, high = hint.settled() or (-1, -1)
             assert not low < late_id <= high, (low, late_id, high)
     wait_for(lambda: got == [b"first", b"after", b"late"], timeout=30)
+
+
+def test_the_watcher_publishes_the_settled_ids_in_place(
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    mine, other = channels_in_distinct_buckets(2)
+    got, hint, publisher = watched_after_first(make_pubsub, mine)
+    path = hint.watcher.settled_path
+    inode = os.stat(path).st_ino
+    for n in range(20):
+        publisher.broadcast(other, str(n))
+        sent = publisher.broadcast(mine, str(n))
+        wait_for(lambda n=n: len(got) == n + 2, timeout=30)
+
+        def covered(sent: int = sent) -> bool:
+            low, high = hint.settled() or (-1, -1)
+            return low < sent <= high
+
+        wait_for(covered, timeout=30)
+    assert got == [b"first"] + [str(n).encode() for n in range(20)]
+    # One file written over at every answer, not a new one renamed into its place.
+    assert os.stat(path).st_ino == inode
