@@ -3,7 +3,9 @@
 ``python -m tests.proc_traced subscribe DB_URL TABLE CHANNEL OUT`` subscribes to CHANNEL,
 writes ``OUT.ready``, waits for one message and its receive span, and writes the spans it
 recorded to OUT as JSON. ``publish`` (same arguments) broadcasts one message on CHANNEL and
-writes its spans.
+writes its spans. ``subscribe-late`` subscribes with no tracer provider set, waits for a
+first message, then sets the provider, writes ``OUT.traced`` and goes on as ``subscribe``
+(the spans of what it receives from then on).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def main(role: str, db_url: str, table: str, channel: str, out: str) -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
+    if role != "subscribe-late":
+        trace.set_tracer_provider(provider)
 
     app = Flask(f"traced_{role}")
     app.config.update(SQLALCHEMY_DATABASE_URI=db_url, FIRM_CHANNEL_AUTO_TRIM=False)
@@ -54,6 +57,11 @@ def main(role: str, db_url: str, table: str, channel: str, out: str) -> None:
             fc.subscribe(channel, got.append)
             Path(out + ".ready").write_text("ready")
             deadline = time.monotonic() + 30
+            if role == "subscribe-late":
+                while not got and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                trace.set_tracer_provider(provider)
+                Path(out + ".traced").write_text(repr(got))
             # The span ends after the callback returns: wait for the span, not the payload.
             while not exporter.get_finished_spans() and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -77,6 +77,36 @@ def test_a_broadcast_is_one_publish_span_and_one_receive_span_per_subscribing_pr
         assert receive["links"] == 0  # the row carries no trace context (docs/metrics.md)
 
 
+def test_a_tracer_provider_set_after_the_listener_started_is_used_from_then_on(
+    db_url: str, table: Any, table_name: str, tmp_path: Path
+) -> None:
+    """Until the app sets a provider, deliveries skip OpenTelemetry's no-op spans; the first
+    delivery after it is set has its receive span, the one before has none."""
+    out = tmp_path / "late.json"
+    subscriber = _spawn("subscribe-late", db_url, table_name, out)
+    try:
+        wait_for(lambda: Path(f"{out}.ready").exists(), timeout=30, interval=0.05)
+        first = _spans(
+            _spawn("publish", db_url, table_name, tmp_path / "p1.json"), tmp_path / "p1.json"
+        )
+        wait_for(lambda: Path(f"{out}.traced").exists(), timeout=30, interval=0.05)
+        second = _spans(
+            _spawn("publish", db_url, table_name, tmp_path / "p2.json"), tmp_path / "p2.json"
+        )
+        received = _spans(subscriber, out)
+    finally:
+        if subscriber.poll() is None:
+            subscriber.kill()
+            subscriber.wait()
+
+    assert Path(f"{out}.traced").read_text() == repr([b"traced"])
+    first_id = first[0]["attributes"]["messaging.message.id"]
+    second_id = second[0]["attributes"]["messaging.message.id"]
+    assert int(second_id) > int(first_id)
+    assert [span["name"] for span in received] == ["receive traced"], received
+    assert received[0]["attributes"]["messaging.message.id"] == second_id
+
+
 WITHOUT_OPENTELEMETRY = textwrap.dedent(
     """
     import sys, time

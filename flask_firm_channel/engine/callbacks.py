@@ -152,7 +152,7 @@ class CallbackRunner:
 
     def _call(self, sub: Subscription, value: Any, msg_id: int | None) -> None:
         try:
-            if tracing.TRACER is None:
+            if not tracing.active():
                 sub.callback(value)
             else:
                 channel = tracing.channel_of(value, sub.channels)

@@ -114,7 +114,7 @@ class PubSub:
         if not rows:
             return []
         try:
-            if tracing.TRACER is None:
+            if not tracing.active():
                 ids = self._publisher.publish(rows, connection)
             else:
                 ids = tracing.publish(self._publisher.publish, rows, connection)

@@ -2,7 +2,10 @@
 
 Whether it is installed is checked once, at import: without it :data:`TRACER` is ``None`` and
 the publish and delivery paths test that one global and go on. With it, the spans go to
-whatever tracer provider the app configured (none: OpenTelemetry's no-op spans).
+whatever tracer provider the app configured. While none is configured (opentelemetry-api
+came with another package, and no SDK was set up), OpenTelemetry's spans would be no-ops:
+:func:`active` says so and the paths skip them, which spares every delivery about 20 µs of
+CPU. A provider set later, even after the listener started, is used from then on.
 
 Spans follow OpenTelemetry's messaging conventions: ``messaging.system`` is ``firm_channel``,
 ``messaging.destination.name`` the channel, ``messaging.operation.type`` ``publish`` (a
@@ -33,6 +36,26 @@ SYSTEM = "firm_channel"
 TRACER: Any = None if trace is None else trace.get_tracer("flask_firm_channel")
 
 
+def active() -> bool:
+    """Whether spans are recorded: ``opentelemetry-api`` is installed and the app set a
+    tracer provider (in code, or by ``OTEL_PYTHON_TRACER_PROVIDER``) other than the no-op
+    one. Asked on every broadcast and delivery: about a microsecond, until a provider is
+    set, and then one global."""
+    global _active
+    if _active:
+        return True
+    if TRACER is None:
+        return False
+    # A provider, once set, cannot be replaced: the answer True is kept.
+    _active = not isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    )
+    return _active
+
+
+_active = False
+
+
 def _name(channel: bytes) -> str:
     return channel.decode("utf-8", errors="backslashreplace")
 
@@ -42,8 +65,8 @@ def publish(
     rows: list[tuple[bytes, bytes]],
     connection: Any,
 ) -> list[int]:
-    """``send(rows, connection)`` inside a publish span (call only when :data:`TRACER` is
-    set). A batch on one channel names it; one on several leaves the destination out."""
+    """``send(rows, connection)`` inside a publish span (call only when :func:`active`). A
+    batch on one channel names it; one on several leaves the destination out."""
     channels = {channel for channel, _ in rows}
     attributes: dict[str, Any] = {
         "messaging.system": SYSTEM,
@@ -71,7 +94,7 @@ def publish(
 def receive(
     callback: Callable[[Any], object], value: Any, channel: bytes, msg_id: int | None
 ) -> None:
-    """``callback(value)`` inside a receive span (call only when :data:`TRACER` is set); an
+    """``callback(value)`` inside a receive span (call only when :func:`active`); an
     exception it raises is recorded on the span and raised on."""
     destination = _name(channel)
     attributes: dict[str, Any] = {
