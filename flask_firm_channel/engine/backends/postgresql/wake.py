@@ -70,6 +70,11 @@ class NotifyHint(WakeHint):
     #: Reads of the socket at most per wake-up, each as much as libpq's buffer holds (a
     #: thousand 2 kB notes take about 200): the listener delivers between two.
     READS_PER_WAKE = 256
+    #: A read that brought fewer bytes of notes than this did not fill libpq's buffer (16 kB
+    #: or more; a note is at most about 8 kB, so a full one holds at least 8 kB of whole
+    #: notes): the socket had nothing more then, and the wake-up reads no further. What
+    #: arrives after it makes the socket readable again.
+    FULL_READ = 4096
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -260,28 +265,28 @@ class NotifyHint(WakeHint):
         # consume_input reads what fits in libpq's buffer (16 kB at first): a burst of
         # large notes is read to its end here, not a buffer's worth per wake-up of the
         # listener, which under sustained traffic waits a batch window between wake-ups.
+        ok = psycopg.pq.ConnStatus.OK
         for _ in range(self.READS_PER_WAKE):
             pgconn.consume_input()
-            if pgconn.status != psycopg.pq.ConnStatus.OK:
+            if pgconn.status != ok:
                 message = pgconn.get_error_message() or "the LISTEN connection closed"
                 raise psycopg.OperationalError(message)
-            taken = self._take_notifies(pgconn)
-            if taken is None:
+            heard, size = self._take_notifies(pgconn)
+            wanted = wanted or heard
+            if size < self.FULL_READ:
                 break
-            wanted = wanted or taken
         if self.liveness.sent_at is not None:
             # The self-NOTIFY's own result: complete once libpq has all of it.
             self._take_results(pgconn, ping=True)
         return wanted
 
-    def _take_notifies(self, pgconn: Any) -> bool | None:
-        """Take the notes libpq has read: whether one concerns the followed channels, or
-        None if it had none."""
-        wanted, taken = False, False
+    def _take_notifies(self, pgconn: Any) -> tuple[bool, int]:
+        """Take the notes libpq has read: whether one concerns the followed channels, and
+        how many bytes they came in (about)."""
+        wanted, size = False, 0
         ours = b"firm-channel-"
         while (note := pgconn.notifies()) is not None:
-            taken = True
-            self.liveness.heard()
+            size += len(note.extra) + len(note.relname) + 10  # the message's own bytes
             if note.extra == self._probe:
                 self._probe = None  # LISTEN hears what the app's connections send
                 self._delivering()
@@ -303,7 +308,9 @@ class NotifyHint(WakeHint):
             else:
                 channel, payload, created_at = message
                 self._carried.append(Row(msg_id, channel, payload, created_at, 0))
-        return wanted if taken else None
+        if size:
+            self.liveness.heard()
+        return wanted, size
 
     def take_carried(self) -> tuple[list[Row], bool]:
         carried, self._carried = self._carried, []
@@ -351,7 +358,7 @@ class NotifyHint(WakeHint):
             if pgconn.status != psycopg.pq.ConnStatus.OK:
                 message = pgconn.get_error_message() or "the LISTEN connection closed"
                 raise psycopg.OperationalError(message)
-            if self._take_notifies(pgconn):
+            if self._take_notifies(pgconn)[0]:
                 self._heard_wanted = True
             if ping and self._take_results(pgconn, ping=True):
                 ping = False
