@@ -162,6 +162,8 @@ class Listener:
         #: Subscriptions waiting for their catch-up, oldest first.
         self._starting: list[Subscription] = []
         self._health = ListenerHealth(wake_mode=hint.mode)
+        #: The latest delivered message's ``created_at`` and when it was dispatched.
+        self._lag_of: tuple[datetime, float] | None = None
         self._poll_errors = PollErrors(dialect, table.name)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -229,6 +231,7 @@ class Listener:
             open_gaps=len(self._gaps),
             subscriber_errors=self._health.subscriber_errors + self._callbacks.errors,
             callback_backlog=self._callbacks.backlog,
+            lag=None if (lag_of := self._lag_of) is None else lag_of[1] - _epoch(lag_of[0]),
         )
 
     # -- the loop -------------------------------------------------------------------------
@@ -259,8 +262,11 @@ class Listener:
                         backoff = 0.0  # a new fault after a healthy stretch, not a crash loop
                     backoff = min(max(backoff * 2, 0.05), 5.0)
                     self._restarted(exc, backoff)
+                    self._callbacks.release()
                     self._bell.wait(backoff)
         finally:
+            # What was taken is delivered, whatever ended the thread (close drops it).
+            self._callbacks.release()
             with self._busy:
                 self._reads.close()
                 self._hint.close()
@@ -296,6 +302,9 @@ class Listener:
                 timeout = max(
                     0.0, min(self._hint.next_timeout(), next_safety_poll - time.monotonic())
                 )
+                # The calls submitted since the last wait go to the lanes' threads now, as
+                # this thread is about to let go of the GIL (``callbacks.py``).
+                self._callbacks.release()
                 rung, readable = self._bell.wait(
                     0.0 if self._more else timeout, self._hint.fileno()
                 )
@@ -362,6 +371,7 @@ class Listener:
                 self._poll_errors.report(exc, backoff)
                 with self._busy:
                     self._reads.close()
+                self._callbacks.release()
                 self._bell.wait(backoff)
                 if not self._stopping:
                     self._health.restarts += 1
@@ -797,7 +807,8 @@ class Listener:
             self._health.delivered += 1
             delivered = True
         if delivered:
-            self._health.lag = time.time() - _epoch(created_at)
+            # The lag is worked out when health() is asked, not at every delivery.
+            self._lag_of = (created_at, time.time())
 
     def _message(self, row: Row, sub: Subscription, *, caught_up: bool) -> Message:
         """``row`` with the cursor ``sub`` resumes from after it."""
