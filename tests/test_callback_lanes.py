@@ -1,13 +1,17 @@
-"""The lanes hold what the listener submits until it is about to wait (``release``): no
-thread is woken before, every call runs after, in order, and a held call counts against the
-lane's bound, is dropped by ``close`` and survives a ``fork``. No database: the runner alone."""
+"""The callback runner alone, no database: what the listener submits waits for its ``release``
+(just before it waits); a subscription without a lane of its own has its calls run there, on
+the listener's thread, in order, until one holds that thread past ``STUCK`` (it is rescued:
+the others go on at once, the loop moves to a new thread, the old one finishes the call and
+serves that subscription's lane) or is slow ``SLOW_CALLS`` times in a row. Held calls count
+against the lane's bound, are dropped by ``close`` and survive a ``fork``."""
 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
-from flask_firm_channel.engine.callbacks import CallbackRunner
+from flask_firm_channel.engine.callbacks import FAST, SLOW_CALLS, STUCK, CallbackRunner
 from flask_firm_channel.engine.subscriptions import Subscription, SubscriptionRegistry
 
 from .conftest import wait_for
@@ -23,31 +27,53 @@ def _subscription(callback: Any) -> Subscription:
     return sub
 
 
-def test_submitted_calls_wake_no_thread_until_released_then_run_in_order() -> None:
-    got: list[int] = []
+def test_quick_calls_run_at_the_release_on_the_releasing_thread_in_order() -> None:
+    got: list[tuple[int, threading.Thread]] = []
     runner = CallbackRunner()
-    sub = _subscription(got.append)
+    sub = _subscription(lambda value: got.append((value, threading.current_thread())))
+    before = len(_lane_threads())
+    try:
+        for i in range(3):
+            assert runner.submit(sub, i, i)
+        assert got == [], "a call ran before the release"
+        assert runner.backlog == 3
+        assert runner.release() is False
+        me = threading.current_thread()
+        assert got == [(0, me), (1, me), (2, me)]
+        assert len(_lane_threads()) == before, "a lane's thread was woken for quick calls"
+        assert runner.backlog == 0 and not sub.on_lane
+    finally:
+        runner.close()
+
+
+def test_a_subscription_on_its_lane_gets_its_calls_on_the_lanes_thread_after_the_release() -> None:
+    got: list[tuple[int, str]] = []
+    runner = CallbackRunner()
+    sub = _subscription(lambda value: got.append((value, threading.current_thread().name)))
+    sub.on_lane = True
     before = len(_lane_threads())
     try:
         for i in range(3):
             assert runner.submit(sub, i, i)
         assert len(_lane_threads()) == before, "a lane's thread started before the release"
-        assert runner.backlog == 3
         runner.release()
-        wait_for(lambda: got == [0, 1, 2])
-        assert runner.backlog == 0
+        wait_for(lambda: [value for value, _ in got] == [0, 1, 2])
+        assert {name for _, name in got} == {"firm-channel-callbacks"}
     finally:
         runner.close()
 
 
-def test_held_calls_count_against_the_lanes_bound() -> None:
+def test_held_calls_count_against_the_bound() -> None:
     runner = CallbackRunner(limit=2)
-    sub = _subscription(lambda value: None)
+    quick = _subscription(lambda value: None)
+    laned = _subscription(lambda value: None)
+    laned.on_lane = True
     try:
-        assert runner.submit(sub, "a", 1)
-        assert runner.submit(sub, "b", 2)
-        assert not runner.submit(sub, "c", 3), "a third call was taken past a bound of 2"
-        assert runner.backlog == 2
+        for sub in (quick, laned):
+            assert runner.submit(sub, "a", 1)
+            assert runner.submit(sub, "b", 2)
+            assert not runner.submit(sub, "c", 3), "a third call was taken past a bound of 2"
+        assert runner.backlog == 4
     finally:
         runner.close()
 
@@ -55,39 +81,152 @@ def test_held_calls_count_against_the_lanes_bound() -> None:
 def test_close_drops_held_calls() -> None:
     got: list[str] = []
     runner = CallbackRunner()
-    sub = _subscription(got.append)
+    quick = _subscription(got.append)
+    laned = _subscription(got.append)
+    laned.on_lane = True
     before = len(_lane_threads())
-    runner.submit(sub, "held", 1)
+    runner.submit(quick, "quick", 1)
+    runner.submit(laned, "laned", 2)
     runner.close()
     runner.release()
     assert len(_lane_threads()) == before
     assert got == []
 
 
-def test_a_forked_child_runs_what_its_parents_listener_held_after_what_it_had_released() -> None:
+def test_a_call_that_holds_the_listener_thread_is_rescued_and_the_others_go_on() -> None:
+    gate = threading.Event()
+    blocked: list[tuple[str, threading.Thread]] = []
+    others: list[str] = []
+    rescued = threading.Event()
+
+    def stuck(value: str) -> None:
+        blocked.append((value, threading.current_thread()))
+        if value == "a1":
+            gate.wait(30)
+
+    runner = CallbackRunner()
+    runner.on_rescue = lambda thread: rescued.set() if thread is listener else None
+    a, b = _subscription(stuck), _subscription(others.append)
+    outcome: list[bool] = []
+    listener = threading.Thread(target=lambda: outcome.append(runner.release()))
+    try:
+        runner.submit(a, "a1", 1)
+        runner.submit(b, "b1", 2)
+        runner.submit(a, "a2", 3)
+        started = time.monotonic()
+        listener.start()
+        assert rescued.wait(10), "the stuck call was not rescued"
+        assert time.monotonic() - started >= STUCK
+        # b's call, queued behind the stuck one, reaches b while a1 is still blocked.
+        wait_for(lambda: others == ["b1"])
+        assert [value for value, _ in blocked] == ["a1"] and a.on_lane and not b.on_lane
+        gate.set()
+        listener.join(10)
+        # The rescued thread finished a1, then ran a2 as a's lane, and left the loop.
+        assert [value for value, _ in blocked] == ["a1", "a2"]
+        assert {thread for _, thread in blocked} == {listener}
+        assert outcome == [True]
+        assert runner.rescues == 1
+    finally:
+        gate.set()
+        runner.close()
+
+
+def test_a_second_rescue_while_the_first_stuck_call_runs_leaves_each_thread_its_lane() -> None:
+    gate = threading.Event()
+    calls: list[tuple[str, threading.Thread]] = []
+
+    def blocking(value: str) -> None:
+        calls.append((value, threading.current_thread()))
+        if value.endswith("1"):
+            gate.wait(30)
+
+    runner = CallbackRunner()
+    a, c = _subscription(blocking), _subscription(blocking)
+    outcomes: dict[str, bool] = {}
+    threads: dict[str, threading.Thread] = {}
+    rescued: list[threading.Thread] = []
+
+    def loop(name: str, items: list[tuple[Subscription, str]]) -> None:
+        for sub, value in items:
+            runner.submit(sub, value, None)
+        outcomes[name] = runner.release()
+
+    def on_rescue(thread: threading.Thread) -> None:
+        rescued.append(thread)
+        if thread is threads["first"]:
+            # The loop goes on on a new thread, whose first call gets stuck too.
+            threads["second"] = threading.Thread(target=loop, args=("second", [(c, "c1")]))
+            threads["second"].start()
+
+    runner.on_rescue = on_rescue
+    threads["first"] = threading.Thread(target=loop, args=("first", [(a, "a1"), (a, "a2")]))
+    try:
+        threads["first"].start()
+        wait_for(lambda: len(rescued) == 2)
+        gate.set()
+        for thread in list(threads.values()):
+            thread.join(10)
+        assert outcomes == {"first": True, "second": True}
+        assert [v for v, t in calls if t is threads["first"]] == ["a1", "a2"]
+        assert [v for v, t in calls if t is threads["second"]] == ["c1"]
+    finally:
+        gate.set()
+        runner.close()
+
+
+def test_a_callback_slow_in_several_calls_in_a_row_goes_to_its_lane() -> None:
+    names: list[str] = []
+
+    def slow(value: int) -> None:
+        names.append(threading.current_thread().name)
+        if value < SLOW_CALLS:
+            time.sleep(FAST * 2)  # the slowness under test, not a wait for a condition
+
+    runner = CallbackRunner()
+    sub = _subscription(slow)
+    try:
+        for i in range(SLOW_CALLS):
+            runner.submit(sub, i, i)
+        runner.release()
+        assert sub.on_lane
+        runner.submit(sub, SLOW_CALLS, SLOW_CALLS)
+        runner.release()
+        wait_for(lambda: len(names) == SLOW_CALLS + 1)
+        me = threading.current_thread().name
+        assert names == [me] * SLOW_CALLS + ["firm-channel-callbacks"]
+    finally:
+        runner.close()
+
+
+def test_a_forked_child_runs_what_its_parent_had_queued_and_held() -> None:
     got: list[str] = []
     gate = threading.Event()
 
     def callback(value: str) -> None:
         got.append(value)
-        gate.wait(10)
+        if value == "first":
+            gate.wait(10)
 
     runner = CallbackRunner()
-    sub = _subscription(callback)
+    laned, quick = _subscription(callback), _subscription(got.append)
+    laned.on_lane = True
     try:
-        runner.submit(sub, "first", 1)
+        runner.submit(laned, "first", 1)
         runner.release()
         wait_for(lambda: got == ["first"])  # the lane's thread is inside the callback
-        runner.submit(sub, "queued", 2)
+        runner.submit(laned, "queued", 2)
         runner.release()
-        runner.submit(sub, "held", 3)
+        runner.submit(laned, "held", 3)
+        runner.submit(quick, "quick", 4)
         # What a child finds: the parent's threads are gone, its queue and held calls stay.
         runner.hold_for_fork()
         runner.release_after_fork()
         runner.after_fork_in_child()
         gate.set()
-        wait_for(lambda: got[-2:] == ["queued", "held"])
-        assert got.count("held") == 1 and got.count("queued") == 1
+        wait_for(lambda: len(got) == 4)
+        assert got.index("queued") < got.index("held")
+        assert sorted(got) == ["first", "held", "queued", "quick"]
     finally:
         gate.set()
         runner.close()

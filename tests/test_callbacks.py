@@ -169,7 +169,7 @@ def test_a_subscription_too_far_behind_catches_up_from_the_table_in_order(
         health = pubsub.health()
         # Five wait in its lane; from the sixth on, it reads from the table once done.
         assert (health.callback_backlog, health.callback_catchups) == (5, 1)
-        behind = [r for r in caplog.records if "behind" in r.getMessage()]
+        behind = [r for r in caplog.records if "messages behind" in r.getMessage()]
         assert len(behind) == 1 and behind[0].levelno == logging.WARNING
         assert "'lane'" in behind[0].getMessage()
         assert f"after {ids[4]}" in behind[0].getMessage(), behind[0].getMessage()

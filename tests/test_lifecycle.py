@@ -50,6 +50,7 @@ def test_close_is_prompt_leaves_no_thread_and_is_final(
             "firm-channel-listener",
             "firm-channel-trimmer",
             "firm-channel-callbacks",
+            "firm-channel-callbacks-watch",
             "firm-channel-heartbeat",
             "firm-channel-listen-connect",
             "firm-channel-wait-connect",

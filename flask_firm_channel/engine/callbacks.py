@@ -15,6 +15,19 @@ the GIL would wake twice, once for its queue and once more for the GIL (3 contex
 message instead of 2, measured with ``perf stat``). The listener releases before every wait,
 so a call is held for the rest of one pass of its loop at most.
 
+**Quick callbacks run on the listener thread.** Waking a lane's thread for every message
+costs a thread wake-up per message and per process, as much as the listener's own. So a
+subscription without a lane of its own (none running, nothing queued) has its calls run by
+the listener itself at the release, one at a time and in order, while a *watch* thread keeps
+an eye on it: a call still running after ``STUCK`` seconds is *rescued*. The listener's loop
+goes on on a new thread at once, the calls not run yet go to their lanes, and the old thread
+finishes the stuck call and then serves that subscription's lane, which its later calls go to
+for good. A callback that took longer than ``FAST`` in ``SLOW_CALLS`` calls in a row goes to
+its lane for good too, so steady slow work (a database write per message) does not hold the
+listener either. A blocked callback so delays the others by ``STUCK`` once, then never again.
+The watch thread wakes every ``STUCK / 2`` seconds while calls run this way and sleeps
+otherwise.
+
 A lane holds at most ``LANE_LIMIT`` pending calls, so memory stays bounded whatever the
 backlog. A callback that falls further behind loses nothing: :meth:`CallbackRunner.submit`
 refuses the row, the listener stops giving the subscription live rows and remembers the
@@ -29,6 +42,8 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
 from typing import Any
@@ -42,6 +57,13 @@ log = logging.getLogger("flask_firm_channel")
 LANE_LIMIT = 10_000
 #: Seconds a lane's thread waits for more work before it ends.
 LINGER = 1.0
+#: A call the listener runs itself that has not returned after this many seconds is rescued
+#: (see above); one that took longer than FAST counts towards SLOW_CALLS in a row.
+STUCK = 0.1
+FAST = 0.002
+SLOW_CALLS = 5
+#: The watch thread sleeps once no call has run on the listener thread for this long.
+WATCH_IDLE = 1.0
 
 Call = tuple[Any, "int | None"]
 #: Put on a lane by :meth:`CallbackRunner.close`: its thread ends at once.
@@ -66,6 +88,10 @@ def _nothing(sub: Subscription) -> None:
     pass
 
 
+def _no_rescue(thread: threading.Thread) -> None:
+    pass
+
+
 class CallbackRunner:
     """The lanes of one PubSub's subscriptions. :meth:`submit` never blocks.
 
@@ -82,6 +108,26 @@ class CallbackRunner:
         self.limit = limit
         self.linger = linger
         self.on_drained = on_drained
+        #: Called (on the watch thread) with the thread whose call was rescued: if it runs
+        #: the listener's loop, the loop must go on on a new thread (``Listener._rescued``).
+        self.on_rescue: Callable[[threading.Thread], None] = _no_rescue
+        #: The calls of subscriptions without a lane, run by :meth:`release` in order.
+        self._quick: deque[tuple[Subscription, Any, int | None]] = deque()
+        self._quick_count: dict[int, int] = {}
+        #: The call running on the listener thread: its number and when it started.
+        self._quick_seq = 0
+        self._quick_since: float | None = None
+        self._quick_sub: Subscription | None = None
+        self._quick_thread: threading.Thread | None = None
+        self._last_quick = 0.0
+        #: The numbers of the calls rescued and still running (each one's thread serves its
+        #: lane after it; a later call on the loop's new thread may be rescued meanwhile).
+        self._rescued: set[int] = set()
+        self.rescues = 0
+        self._watch: threading.Thread | None = None
+        self._watch_parked = False
+        self._watch_wake = threading.Event()
+        self._watch_stop = threading.Event()
         #: Held only around queue bookkeeping, never across a callback (``fork`` takes it).
         self._lock = threading.Lock()
         self._lanes: dict[int, _Lane] = {}
@@ -102,6 +148,15 @@ class CallbackRunner:
                 return True  # nothing will be called any more; there is nothing to catch up
             lane = self._lanes.get(id(sub))
             if lane is None:
+                if not sub.on_lane:
+                    # No lane of its own: the listener runs the call itself at the release.
+                    key = id(sub)
+                    count = self._quick_count.get(key, 0)
+                    if count >= self.limit:
+                        return False
+                    self._quick_count[key] = count + 1
+                    self._quick.append((sub, value, msg_id))
+                    return True
                 lane = self._lanes[id(sub)] = _Lane(sub)
             if lane.items.qsize() + len(lane.held) >= self.limit:
                 return False
@@ -110,23 +165,154 @@ class CallbackRunner:
             lane.held.append((value, msg_id))
             return True
 
-    def release(self) -> None:
-        """Put the held calls on their lanes, starting a lane's thread where none runs (the
-        listener calls this before it waits)."""
-        if not self._holding:
-            return
+    def release(self, *, run: bool = True) -> bool:
+        """Put the held calls on their lanes, starting a lane's thread where none runs, and
+        run the calls of subscriptions without a lane on this thread (the listener calls
+        this before it waits; ``run=False`` puts those on lanes too).
+
+        True if a call run here was rescued: this thread has served that subscription's
+        lane since, and the listener's loop runs on another thread now."""
+        if self._holding:
+            with self._lock:
+                holding, self._holding = self._holding, []
+                if not self._closed:
+                    for lane in holding:
+                        held, lane.held = lane.held, []
+                        put = lane.items.put
+                        for item in held:
+                            put(item)
+                        if not lane.running:
+                            lane.running = True
+                            self._spawn(lane)
+        if not self._quick:
+            return False
+        if not run:
+            with self._lock:
+                self._to_lanes()
+            return False
+        return self._run_quick()
+
+    def _run_quick(self) -> bool:
+        quick = self._quick
+        self._quick_thread = threading.current_thread()
+        self._start_watch()
+        while True:
+            with self._lock:
+                if not quick or self._closed:
+                    quick.clear()
+                    self._quick_count.clear()
+                    return False
+                sub, value, msg_id = quick.popleft()
+                key = id(sub)
+                left = self._quick_count[key] - 1
+                if left:
+                    self._quick_count[key] = left
+                else:
+                    del self._quick_count[key]
+                self._quick_seq += 1
+                seq = self._quick_seq
+                self._quick_sub = sub
+                self._quick_since = started = time.monotonic()
+            self._last_quick = started
+            if self._watch_parked:
+                self._watch_wake.set()
+            if sub.active:
+                self._call(sub, value, msg_id)
+            took = time.monotonic() - started
+            with self._lock:
+                self._quick_since = None
+                self._quick_sub = None
+                if seq in self._rescued:
+                    self._rescued.discard(seq)
+                    lane = self._lanes[key]
+                    self._threads.add(threading.current_thread())
+                    rescued = True
+                else:
+                    rescued = False
+            if rescued:
+                threading.current_thread().name = "firm-channel-callbacks"
+                self._serve(lane)
+                return True
+            if took > FAST:
+                sub.slow_calls += 1
+                if sub.slow_calls >= SLOW_CALLS:
+                    sub.on_lane = True
+                    log.info(
+                        "firm-channel subscriber %r on channel %r took more than %g ms in %d "
+                        "calls in a row; its calls run on a thread of their own from now on",
+                        sub.callback,
+                        sub.channel,
+                        FAST * 1000,
+                        SLOW_CALLS,
+                    )
+            elif sub.slow_calls:
+                sub.slow_calls = 0
+
+    def _to_lanes(self) -> None:
+        """Put the calls not run yet on the listener thread on their lanes (under the lock)."""
+        quick, self._quick = self._quick, deque()
+        self._quick_count.clear()
+        for sub, value, msg_id in quick:
+            lane = self._lanes.get(id(sub))
+            if lane is None:
+                lane = self._lanes[id(sub)] = _Lane(sub)
+            lane.items.put((value, msg_id))
+            if not lane.running:
+                lane.running = True
+                self._spawn(lane)
+
+    # -- the watch thread --------------------------------------------------------------------
+
+    def _start_watch(self) -> None:
+        if self._watch is None and not self._closed:
+            self._watch = threading.Thread(
+                target=self._watch_calls, name="firm-channel-callbacks-watch", daemon=True
+            )
+            self._watch.start()
+
+    def _watch_calls(self) -> None:
+        wake = self._watch_wake
+        while not self._closed:
+            if time.monotonic() - self._last_quick > WATCH_IDLE:
+                wake.clear()
+                self._watch_parked = True
+                # Read again once parked is said: a call started in between is seen here,
+                # one started after sets the event.
+                if time.monotonic() - self._last_quick > WATCH_IDLE:
+                    wake.wait()
+                self._watch_parked = False
+                continue
+            self._watch_stop.wait(STUCK / 2)
+            since, seq = self._quick_since, self._quick_seq
+            if since is not None and time.monotonic() - since >= STUCK:
+                self._rescue(seq)
+
+    def _rescue(self, seq: int) -> None:
         with self._lock:
-            holding, self._holding = self._holding, []
-            if self._closed:
-                return
-            for lane in holding:
-                held, lane.held = lane.held, []
-                put = lane.items.put
-                for item in held:
-                    put(item)
-                if not lane.running:
-                    lane.running = True
-                    self._spawn(lane)
+            sub = self._quick_sub
+            if self._closed or self._quick_seq != seq or self._quick_since is None or sub is None:
+                return  # it returned meanwhile
+            self._rescued.add(seq)
+            self.rescues += 1
+            sub.on_lane = True
+            # The stuck thread serves this lane once its call returns: it counts as running.
+            lane = self._lanes.get(id(sub))
+            if lane is None:
+                lane = self._lanes[id(sub)] = _Lane(sub)
+            lane.running = True
+            self._to_lanes()
+            stuck_for = time.monotonic() - self._quick_since
+            thread = self._quick_thread
+        log.warning(
+            "firm-channel subscriber %r on channel %r has held the listener thread for %.0f ms;"
+            " the listener goes on on a new thread, and its calls run on a thread of their "
+            "own from now on",
+            sub.callback,
+            sub.channel,
+            stuck_for * 1000,
+        )
+        if thread is not None:
+            self.on_rescue(thread)
 
     def fell_behind(self, sub: Subscription) -> None:
         """``sub`` takes no rows until its lane has drained: call ``on_drained`` then (now,
@@ -212,18 +398,27 @@ class CallbackRunner:
     def backlog(self) -> int:
         """Calls queued (or held) and not started yet, over every lane."""
         with self._lock:
-            return sum(lane.items.qsize() + len(lane.held) for lane in self._lanes.values())
+            return len(self._quick) + sum(
+                lane.items.qsize() + len(lane.held) for lane in self._lanes.values()
+            )
 
     def close(self, timeout: float = 2.0) -> None:
         """Drop what is queued, let running callbacks finish (up to ``timeout``)."""
         with self._lock:
             self._closed = True
             self._holding = []
+            self._quick.clear()
+            self._quick_count.clear()
+            self._watch_stop.set()
+            self._watch_wake.set()
             for lane in self._lanes.values():
                 lane.held = []
                 _drain(lane.items)
                 lane.items.put(_CLOSE)
             threads = list(self._threads)
+        watch = self._watch
+        if watch is not None and watch is not threading.current_thread():
+            watch.join(timeout)
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout)
@@ -248,6 +443,9 @@ class CallbackRunner:
         self._lock = threading.Lock()
         self._threads = set()
         self._holding = []
+        self._watch, self._watch_parked = None, False
+        self._watch_wake, self._watch_stop = threading.Event(), threading.Event()
+        self._quick_since, self._quick_sub = None, None
         drained: list[Subscription] = []
         with self._lock:
             for key, lane in list(self._lanes.items()):
@@ -267,6 +465,9 @@ class CallbackRunner:
                     if lane.behind and not self._closed:
                         drained.append(lane.sub)
                     del self._lanes[key]
+            # What the parent's listener had not run yet (subscriptions without a lane).
+            if not self._closed:
+                self._to_lanes()
         for sub in drained:
             self.on_drained(sub)
 

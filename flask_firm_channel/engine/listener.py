@@ -169,9 +169,24 @@ class Listener:
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
+        self._callbacks.on_rescue = self._rescued
         self._thread = threading.Thread(target=self._run, name="firm-channel-listener", daemon=True)
         self._health.running = True
         self._thread.start()
+
+    def _rescued(self, stuck: threading.Thread) -> None:
+        """A callback run on this listener's thread ``stuck`` is stuck in it
+        (``callbacks.py``): the loop goes on on a new thread, from the same read position
+        (closing, that thread only closes what the loop had open)."""
+        if stuck is not self._thread:
+            return  # not this listener's loop
+        thread = threading.Thread(
+            target=self._run, kwargs={"opened": True}, name="firm-channel-listener", daemon=True
+        )
+        thread.start()
+        # Only once it runs: ``alive`` must never read False meanwhile (PubSub would start
+        # another listener).
+        self._thread = thread
 
     def resume_from(self, previous: Listener) -> None:
         """Continue from ``previous``'s read position (call before :meth:`start`).
@@ -243,17 +258,21 @@ class Listener:
     def release_after_fork(self) -> None:
         self._busy.release_after_fork()
 
-    def _run(self) -> None:
+    def _run(self, opened: bool = False) -> None:
         """The thread: the loop, restarted in place (same read position, so nothing is lost
-        or replayed) whenever something unexpected escapes it, until :meth:`close`."""
+        or replayed) whenever something unexpected escapes it, until :meth:`close`. A thread
+        whose callback was rescued leaves the loop to its successor (``opened``: the hint is
+        open already) and ends without closing anything."""
         backoff = 0.0
+        handed_over = False
         try:
-            with self._busy:
-                self._hint.open()
+            if not opened:
+                with self._busy:
+                    self._hint.open()
             while not self._stopping:
                 started = time.monotonic()
                 try:
-                    self._loop()
+                    handed_over = self._loop()
                     return
                 except BaseException as exc:  # noqa: BLE001 - nothing may end the thread
                     if self._stopping or sys.is_finalizing():
@@ -262,16 +281,20 @@ class Listener:
                         backoff = 0.0  # a new fault after a healthy stretch, not a crash loop
                     backoff = min(max(backoff * 2, 0.05), 5.0)
                     self._restarted(exc, backoff)
-                    self._callbacks.release()
+                    self._callbacks.release(run=False)
                     self._bell.wait(backoff)
         finally:
-            # What was taken is delivered, whatever ended the thread (close drops it).
-            self._callbacks.release()
-            with self._busy:
-                self._reads.close()
-                self._hint.close()
-            self._bell.close()
-            self._health.running = False
+            if not handed_over:
+                self._finish()
+
+    def _finish(self) -> None:
+        # What was taken is delivered, whatever ended the thread (close drops it).
+        self._callbacks.release(run=False)
+        with self._busy:
+            self._reads.close()
+            self._hint.close()
+        self._bell.close()
+        self._health.running = False
 
     def _restarted(self, exc: BaseException, backoff: float) -> None:
         self._more = False
@@ -291,7 +314,9 @@ class Listener:
         with self._busy:
             self._reads.close()
 
-    def _loop(self) -> None:
+    def _loop(self) -> bool:
+        """Until :meth:`close` (False), or until a callback run on this thread was rescued
+        and the loop goes on on another (True)."""
         backoff = 0.0
         next_safety_poll = 0.0
         last_poll, rows_last = 0.0, False
@@ -304,7 +329,8 @@ class Listener:
                 )
                 # The calls submitted since the last wait go to the lanes' threads now, as
                 # this thread is about to let go of the GIL (``callbacks.py``).
-                self._callbacks.release()
+                if self._callbacks.release():
+                    return True  # the loop goes on on another thread
                 rung, readable = self._bell.wait(
                     0.0 if self._more else timeout, self._hint.fileno()
                 )
@@ -371,10 +397,11 @@ class Listener:
                 self._poll_errors.report(exc, backoff)
                 with self._busy:
                     self._reads.close()
-                self._callbacks.release()
+                self._callbacks.release(run=False)
                 self._bell.wait(backoff)
                 if not self._stopping:
                     self._health.restarts += 1
+        return False
 
     # -- one poll -------------------------------------------------------------------------
 

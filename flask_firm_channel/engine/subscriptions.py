@@ -46,6 +46,10 @@ class Subscription:
     behind: bool = False
     #: How many times it fell behind (and caught up from the table).
     catchups: int = 0
+    #: Its calls go to its lane's thread for good: one held the listener thread, or took
+    #: long in several calls in a row (``callbacks.py``); and how many in a row did so far.
+    on_lane: bool = False
+    slow_calls: int = field(default=0, repr=False)
     _registry: SubscriptionRegistry | None = field(default=None, repr=False)
     hashes: frozenset[int] = field(init=False, repr=False)
 
