@@ -161,12 +161,15 @@ class PubSub:
         Messages come in the order their commits became visible: id order unless two
         transactions race (then a lower id that commits later comes later).
 
-        ``callback`` runs on a ``firm-channel-callbacks`` thread of this subscription's own,
-        one message at a time: a callback that blocks or raises delays no other subscription
-        and no stream. Past ``LANE_LIMIT`` (10,000) messages waiting for it, it takes no more
-        from memory: once it is done with those, it catches up from the table, then goes
-        live again, losing nothing unless the messages were trimmed meanwhile (logged, and
-        counted in ``health().callback_dropped``).
+        ``callback`` is called one message at a time, in order: on the listener thread while
+        it is quick, on a ``firm-channel-callbacks`` thread of this subscription's own once it
+        has held the listener for ``STUCK`` (0.1 s; the listener goes on on a new thread at
+        once) or taken more than ``FAST`` (2 ms) in ``SLOW_CALLS`` (5) calls in a row (see
+        ``callbacks.py``). So a callback that blocks or raises delays no other subscription
+        and no stream but once, by 0.1 s. Past ``LANE_LIMIT`` (10,000) messages waiting for
+        it, it takes no more from memory: once it is done with those, it catches up from the
+        table, then goes live again, losing nothing unless the messages were trimmed meanwhile
+        (logged, and counted in ``health().callback_dropped``).
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
