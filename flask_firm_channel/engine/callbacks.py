@@ -252,7 +252,8 @@ class CallbackRunner:
         """Put the calls not run yet on the listener thread on their lanes (under the lock)."""
         quick, self._quick = self._quick, deque()
         self._quick_count.clear()
-        for sub, value, msg_id in quick:
+        while quick:
+            sub, value, msg_id = quick.popleft()
             lane = self._lanes.get(id(sub))
             if lane is None:
                 lane = self._lanes[id(sub)] = _Lane(sub)
@@ -289,9 +290,15 @@ class CallbackRunner:
 
     def _rescue(self, seq: int) -> None:
         with self._lock:
-            sub = self._quick_sub
-            if self._closed or self._quick_seq != seq or self._quick_since is None or sub is None:
-                return  # it returned meanwhile
+            sub, since = self._quick_sub, self._quick_since
+            if (
+                self._closed
+                or self._quick_seq != seq
+                or since is None
+                or sub is None
+                or time.monotonic() - since < STUCK
+            ):
+                return  # it returned meanwhile (the next call may have started)
             self._rescued.add(seq)
             self.rescues += 1
             sub.on_lane = True
@@ -301,7 +308,7 @@ class CallbackRunner:
                 lane = self._lanes[id(sub)] = _Lane(sub)
             lane.running = True
             self._to_lanes()
-            stuck_for = time.monotonic() - self._quick_since
+            stuck_for = time.monotonic() - since
             thread = self._quick_thread
         log.warning(
             "firm-channel subscriber %r on channel %r has held the listener thread for %.0f ms;"
