@@ -55,14 +55,41 @@ class PgBouncer:
             raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+        """End PgBouncer itself, by the pid it wrote: as root ``proc`` is ``runuser``, which
+        passes no SIGINT on, and killing it would leave PgBouncer running on its own (it did:
+        one PgBouncer left behind per run of the suite). Raises if it is still there after."""
+        pid = self._pid()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if self.proc.poll() is not None:
+                break
+            self._signal(pid, sig)
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                continue
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if pid is not None and Path(f"/proc/{pid}").exists():
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1]
+            if state != "Z":
+                raise RuntimeError(f"PgBouncer (pid {pid}) is still running after stop()")
+
+    def _pid(self) -> int | None:
+        try:
+            return int((self.dir / "pgbouncer.pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _signal(self, pid: int | None, sig: int) -> None:
+        if pid is None:
+            self.proc.send_signal(sig)  # no pidfile yet: the process we started
+            return
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def available() -> str | None:
