@@ -157,7 +157,7 @@ class CallbackRunner:
                     self._quick_count[key] = count + 1
                     self._quick.append((sub, value, msg_id))
                     return True
-                lane = self._lanes[id(sub)] = _Lane(sub)
+                lane = self._lane_of(sub)
             if lane.items.qsize() + len(lane.held) >= self.limit:
                 return False
             if not lane.held:
@@ -181,9 +181,7 @@ class CallbackRunner:
                         put = lane.items.put
                         for item in held:
                             put(item)
-                        if not lane.running:
-                            lane.running = True
-                            self._spawn(lane)
+                        self._serve_on_a_thread(lane)
         if not self._quick:
             return False
         if not run:
@@ -254,13 +252,22 @@ class CallbackRunner:
         self._quick_count.clear()
         while quick:
             sub, value, msg_id = quick.popleft()
-            lane = self._lanes.get(id(sub))
-            if lane is None:
-                lane = self._lanes[id(sub)] = _Lane(sub)
+            lane = self._lane_of(sub)
             lane.items.put((value, msg_id))
-            if not lane.running:
-                lane.running = True
-                self._spawn(lane)
+            self._serve_on_a_thread(lane)
+
+    def _lane_of(self, sub: Subscription) -> _Lane:
+        """``sub``'s lane, made if it has none (under the lock)."""
+        lane = self._lanes.get(id(sub))
+        if lane is None:
+            lane = self._lanes[id(sub)] = _Lane(sub)
+        return lane
+
+    def _serve_on_a_thread(self, lane: _Lane) -> None:
+        """Start a thread for ``lane`` unless one serves it (under the lock)."""
+        if not lane.running:
+            lane.running = True
+            self._spawn(lane)
 
     # -- the watch thread --------------------------------------------------------------------
 
@@ -303,10 +310,7 @@ class CallbackRunner:
             self.rescues += 1
             sub.on_lane = True
             # The stuck thread serves this lane once its call returns: it counts as running.
-            lane = self._lanes.get(id(sub))
-            if lane is None:
-                lane = self._lanes[id(sub)] = _Lane(sub)
-            lane.running = True
+            self._lane_of(sub).running = True
             self._to_lanes()
             stuck_for = time.monotonic() - since
             thread = self._quick_thread
