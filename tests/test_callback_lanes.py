@@ -29,7 +29,7 @@ def _subscription(callback: Any) -> Subscription:
 
 def test_quick_calls_run_at_the_release_on_the_releasing_thread_in_order() -> None:
     got: list[tuple[int, threading.Thread]] = []
-    runner = CallbackRunner()
+    runner = CallbackRunner(inline_rate=0)
     sub = _subscription(lambda value: got.append((value, threading.current_thread())))
     before = len(_lane_threads())
     try:
@@ -48,7 +48,7 @@ def test_quick_calls_run_at_the_release_on_the_releasing_thread_in_order() -> No
 
 def test_a_subscription_on_its_lane_gets_its_calls_on_the_lanes_thread_after_the_release() -> None:
     got: list[tuple[int, str]] = []
-    runner = CallbackRunner()
+    runner = CallbackRunner(inline_rate=0)
     sub = _subscription(lambda value: got.append((value, threading.current_thread().name)))
     sub.on_lane = True
     before = len(_lane_threads())
@@ -64,7 +64,7 @@ def test_a_subscription_on_its_lane_gets_its_calls_on_the_lanes_thread_after_the
 
 
 def test_held_calls_count_against_the_bound() -> None:
-    runner = CallbackRunner(limit=2)
+    runner = CallbackRunner(limit=2, inline_rate=0)
     quick = _subscription(lambda value: None)
     laned = _subscription(lambda value: None)
     laned.on_lane = True
@@ -80,7 +80,7 @@ def test_held_calls_count_against_the_bound() -> None:
 
 def test_close_drops_held_calls() -> None:
     got: list[str] = []
-    runner = CallbackRunner()
+    runner = CallbackRunner(inline_rate=0)
     quick = _subscription(got.append)
     laned = _subscription(got.append)
     laned.on_lane = True
@@ -104,7 +104,7 @@ def test_a_call_that_holds_the_listener_thread_is_rescued_and_the_others_go_on()
         if value == "a1":
             gate.wait(30)
 
-    runner = CallbackRunner()
+    runner = CallbackRunner(inline_rate=0)
     runner.on_rescue = lambda thread: rescued.set() if thread is listener else None
     a, b = _subscription(stuck), _subscription(others.append)
     outcome: list[bool] = []
@@ -141,7 +141,7 @@ def test_a_second_rescue_while_the_first_stuck_call_runs_leaves_each_thread_its_
         if value.endswith("1"):
             gate.wait(30)
 
-    runner = CallbackRunner()
+    runner = CallbackRunner(inline_rate=0)
     a, c = _subscription(blocking), _subscription(blocking)
     outcomes: dict[str, bool] = {}
     threads: dict[str, threading.Thread] = {}
@@ -183,7 +183,7 @@ def test_a_callback_slow_in_several_calls_in_a_row_goes_to_its_lane() -> None:
         if value < SLOW_CALLS:
             time.sleep(FAST * 2)  # the slowness under test, not a wait for a condition
 
-    runner = CallbackRunner()
+    runner = CallbackRunner(inline_rate=0)
     sub = _subscription(slow)
     try:
         for i in range(SLOW_CALLS):
@@ -208,7 +208,7 @@ def test_a_forked_child_runs_what_its_parent_had_queued_and_held() -> None:
         if value == "first":
             gate.wait(10)
 
-    runner = CallbackRunner()
+    runner = CallbackRunner(inline_rate=0)
     laned, quick = _subscription(callback), _subscription(got.append)
     laned.on_lane = True
     try:
@@ -229,4 +229,55 @@ def test_a_forked_child_runs_what_its_parent_had_queued_and_held() -> None:
         assert sorted(got) == ["first", "held", "queued", "quick"]
     finally:
         gate.set()
+        runner.close()
+
+
+def test_calls_run_on_the_listener_thread_only_while_they_come_fast() -> None:
+    """Below ``INLINE_RATE`` a call wakes its lane's thread (the watch's 20 wake-ups a second
+    would cost more); above it the lane ends and its calls run at the release; below half of
+    it they go back to a lane. Every call exactly once and in order across both switches."""
+    now = [0.0]
+    got: list[tuple[int, str]] = []
+    runner = CallbackRunner(clock=lambda: now[0])
+    sub = _subscription(lambda value: got.append((value, threading.current_thread().name)))
+    me = threading.current_thread().name
+    sent = 0
+
+    def send(gap: float) -> None:
+        nonlocal sent
+        now[0] += gap
+        assert runner.submit(sub, sent, sent)
+        runner.release()
+        sent += 1
+
+    def watches() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "firm-channel-callbacks-watch")
+
+    before = watches()
+    try:
+        for _ in range(5):  # 1 a second
+            send(1.0)
+        wait_for(lambda: len(got) == sent)
+        assert {name for _, name in got} == {"firm-channel-callbacks"}
+        assert watches() == before, "the watch thread ran for a call a second"
+
+        # 100 a second: once measured, the lane ends after its next call and calls run here.
+        for _ in range(500):
+            send(0.01)
+            if got[-1][1] == me:
+                break
+            wait_for(lambda: len(got) == sent)
+        assert got[-1][1] == me, "calls at 100 a second never ran on the listener thread"
+        fast_from = len(got)
+        for _ in range(20):
+            send(0.01)
+        assert [name for _, name in got[fast_from:]] == [me] * 20
+
+        # 1 a second again: measured over the window, calls go back to a lane.
+        for _ in range(3):
+            send(1.0)
+        wait_for(lambda: len(got) == sent)
+        assert got[-1][1] == "firm-channel-callbacks"
+        assert [value for value, _ in got] == list(range(sent))
+    finally:
         runner.close()

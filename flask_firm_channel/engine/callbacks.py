@@ -28,6 +28,14 @@ listener either. A blocked callback so delays the others by ``STUCK`` once, then
 The watch thread wakes every ``STUCK / 2`` seconds while calls run this way and sleeps
 otherwise.
 
+The watch's 20 wake-ups a second pay off only where they replace more: a lane's thread wakes
+once per call. So calls run on the listener thread only while the process is busy, at
+``INLINE_RATE`` calls a second or more (measured over ``RATE_WINDOW``), and go back to their
+lanes below half that: a process that gets a few messages a second (one worker of a sharded
+fleet) wakes once per message, as it did, and a busy room's process once per message too,
+instead of twice. A lane's thread that finds its queue empty while calls run inline ends, so
+its subscription's calls come back to the listener thread, in order.
+
 A lane holds at most ``LANE_LIMIT`` pending calls, so memory stays bounded whatever the
 backlog. A callback that falls further behind loses nothing: :meth:`CallbackRunner.submit`
 refuses the row, the listener stops giving the subscription live rows and remembers the
@@ -64,6 +72,10 @@ FAST = 0.002
 SLOW_CALLS = 5
 #: The watch thread sleeps once no call has run on the listener thread for this long.
 WATCH_IDLE = 1.0
+#: Calls a second from which the listener runs them itself (and below half of which it stops),
+#: measured over RATE_WINDOW seconds: the watch's 2 / STUCK wake-ups a second, twice over.
+INLINE_RATE = 4 / STUCK
+RATE_WINDOW = 0.5
 
 Call = tuple[Any, "int | None"]
 #: Put on a lane by :meth:`CallbackRunner.close`: its thread ends at once.
@@ -104,10 +116,18 @@ class CallbackRunner:
         limit: int = LANE_LIMIT,
         linger: float = LINGER,
         on_drained: Callable[[Subscription], None] = _nothing,
+        inline_rate: float = INLINE_RATE,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
         self.linger = linger
         self.on_drained = on_drained
+        #: Calls run on the listener thread while this many a second are submitted (above).
+        self.inline_rate = inline_rate
+        self._inline = inline_rate <= 0
+        self._clock = clock
+        self._rate_since = clock()
+        self._rate_calls = 0
         #: Called (on the watch thread) with the thread whose call was rescued: if it runs
         #: the listener's loop, the loop must go on on a new thread (``Listener._rescued``).
         self.on_rescue: Callable[[threading.Thread], None] = _no_rescue
@@ -146,11 +166,12 @@ class CallbackRunner:
         with self._lock:
             if self._closed:
                 return True  # nothing will be called any more; there is nothing to catch up
+            self._rate_calls += 1
             lane = self._lanes.get(id(sub))
             if lane is None:
-                if not sub.on_lane:
+                key = id(sub)
+                if not sub.on_lane and (self._inline or key in self._quick_count):
                     # No lane of its own: the listener runs the call itself at the release.
-                    key = id(sub)
                     count = self._quick_count.get(key, 0)
                     if count >= self.limit:
                         return False
@@ -172,6 +193,8 @@ class CallbackRunner:
 
         True if a call run here was rescued: this thread has served that subscription's
         lane since, and the listener's loop runs on another thread now."""
+        if self._rate_calls:
+            self._measure_rate()
         if self._holding:
             with self._lock:
                 holding, self._holding = self._holding, []
@@ -189,6 +212,17 @@ class CallbackRunner:
                 self._to_lanes()
             return False
         return self._run_quick()
+
+    def _measure_rate(self) -> None:
+        """Run calls on the listener thread from here on if they came at ``inline_rate`` a
+        second or more over the last ``RATE_WINDOW``; stop below half of it."""
+        now = self._clock()
+        span = now - self._rate_since
+        if span < RATE_WINDOW or self.inline_rate <= 0:
+            return
+        rate = self._rate_calls / span
+        self._inline = rate >= (self.inline_rate / 2 if self._inline else self.inline_rate)
+        self._rate_since, self._rate_calls = now, 0
 
     def _run_quick(self) -> bool:
         quick = self._quick
@@ -364,6 +398,8 @@ class CallbackRunner:
                     return
                 if lane.sub.active:
                     self._call(lane.sub, value, msg_id)
+                if self._inline and not lane.sub.on_lane and self._retire(lane):
+                    return
                 if lane.behind and not lane.items.qsize():
                     with self._lock:  # submit() refuses while full; fell_behind() sets this
                         drained = (
@@ -378,6 +414,19 @@ class CallbackRunner:
         finally:
             with self._lock:
                 self._threads.discard(threading.current_thread())
+
+    def _retire(self, lane: _Lane) -> bool:
+        """End ``lane`` if nothing is queued on it, so that its subscription's next calls run
+        on the listener thread (calls run there now): True if it ended."""
+        if lane.items.qsize() or lane.behind:
+            return False
+        with self._lock:  # submit() and release() hold it: nothing is put on the lane meanwhile
+            if lane.items.qsize() or lane.held or lane.behind or self._closed:
+                return False
+            lane.running = False
+            if self._lanes.get(id(lane.sub)) is lane:
+                del self._lanes[id(lane.sub)]
+            return True
 
     def _call(self, sub: Subscription, value: Any, msg_id: int | None) -> None:
         try:
