@@ -132,13 +132,14 @@ class CallbackRunner:
         #: the listener's loop, the loop must go on on a new thread (``Listener._rescued``).
         self.on_rescue: Callable[[threading.Thread], None] = _no_rescue
         #: The calls of subscriptions without a lane, run by :meth:`release` in order.
+        #: (``Subscription.quick`` counts each one's.)
         self._quick: deque[tuple[Subscription, Any, int | None]] = deque()
-        self._quick_count: dict[int, int] = {}
-        #: The call running on the listener thread: its number and when it started.
+        #: The call running on the listener thread: its number and when it started, and the
+        #: running thread's ident.
         self._quick_seq = 0
         self._quick_since: float | None = None
         self._quick_sub: Subscription | None = None
-        self._quick_thread: threading.Thread | None = None
+        self._quick_thread: int | None = None
         self._last_quick = 0.0
         #: The numbers of the calls rescued and still running (each one's thread serves its
         #: lane after it; a later call on the loop's new thread may be rescued meanwhile).
@@ -169,13 +170,11 @@ class CallbackRunner:
             self._rate_calls += 1
             lane = self._lanes.get(id(sub))
             if lane is None:
-                key = id(sub)
-                if not sub.on_lane and (self._inline or key in self._quick_count):
+                if not sub.on_lane and (self._inline or sub.quick):
                     # No lane of its own: the listener runs the call itself at the release.
-                    count = self._quick_count.get(key, 0)
-                    if count >= self.limit:
+                    if sub.quick >= self.limit:
                         return False
-                    self._quick_count[key] = count + 1
+                    sub.quick += 1
                     self._quick.append((sub, value, msg_id))
                     return True
                 lane = self._lane_of(sub)
@@ -193,7 +192,7 @@ class CallbackRunner:
 
         True if a call run here was rescued: this thread has served that subscription's
         lane since, and the listener's loop runs on another thread now."""
-        if self._rate_calls:
+        if self._rate_calls and self._clock() - self._rate_since >= RATE_WINDOW:
             self._measure_rate()
         if self._holding:
             with self._lock:
@@ -218,72 +217,78 @@ class CallbackRunner:
         second or more over the last ``RATE_WINDOW``; stop below half of it."""
         now = self._clock()
         span = now - self._rate_since
-        if span < RATE_WINDOW or self.inline_rate <= 0:
+        if self.inline_rate <= 0:
             return
         rate = self._rate_calls / span
         self._inline = rate >= (self.inline_rate / 2 if self._inline else self.inline_rate)
         self._rate_since, self._rate_calls = now, 0
 
     def _run_quick(self) -> bool:
-        quick = self._quick
-        self._quick_thread = threading.current_thread()
-        self._start_watch()
+        quick, lock, clock = self._quick, self._lock, time.monotonic
+        self._quick_thread = threading.get_ident()
+        if self._watch is None:
+            self._start_watch()
         while True:
-            with self._lock:
-                if not quick or self._closed:
-                    quick.clear()
-                    self._quick_count.clear()
+            with lock:
+                if self._closed:
+                    self._clear_quick().clear()
+                    return False
+                if not quick:
                     return False
                 sub, value, msg_id = quick.popleft()
-                key = id(sub)
-                left = self._quick_count[key] - 1
-                if left:
-                    self._quick_count[key] = left
-                else:
-                    del self._quick_count[key]
-                self._quick_seq += 1
-                seq = self._quick_seq
+                sub.quick -= 1
+                self._quick_seq = seq = self._quick_seq + 1
                 self._quick_sub = sub
-                self._quick_since = started = time.monotonic()
-            self._last_quick = started
+                self._quick_since = self._last_quick = started = clock()
             if self._watch_parked:
                 self._watch_wake.set()
             if sub.active:
                 self._call(sub, value, msg_id)
-            took = time.monotonic() - started
-            with self._lock:
-                self._quick_since = None
-                self._quick_sub = None
-                if seq in self._rescued:
-                    self._rescued.discard(seq)
-                    lane = self._lanes[key]
-                    self._threads.add(threading.current_thread())
-                    rescued = True
-                else:
-                    rescued = False
+            took = clock() - started
+            with lock:
+                self._quick_since = self._quick_sub = None
+                rescued = seq in self._rescued
             if rescued:
-                threading.current_thread().name = "firm-channel-callbacks"
-                self._serve(lane)
+                self._serve_rescued(sub, seq)
                 return True
             if took > FAST:
-                sub.slow_calls += 1
-                if sub.slow_calls >= SLOW_CALLS:
-                    sub.on_lane = True
-                    log.info(
-                        "firm-channel subscriber %r on channel %r took more than %g ms in %d "
-                        "calls in a row; its calls run on a thread of their own from now on",
-                        sub.callback,
-                        sub.channel,
-                        FAST * 1000,
-                        SLOW_CALLS,
-                    )
+                self._slow(sub)
             elif sub.slow_calls:
                 sub.slow_calls = 0
 
+    def _serve_rescued(self, sub: Subscription, seq: int) -> None:
+        """This thread's call was rescued: serve ``sub``'s lane from here on."""
+        thread = threading.current_thread()
+        with self._lock:
+            self._rescued.discard(seq)
+            lane = self._lanes[id(sub)]
+            self._threads.add(thread)
+        thread.name = "firm-channel-callbacks"
+        self._serve(lane)
+
+    def _slow(self, sub: Subscription) -> None:
+        sub.slow_calls += 1
+        if sub.slow_calls >= SLOW_CALLS:
+            sub.on_lane = True
+            log.info(
+                "firm-channel subscriber %r on channel %r took more than %g ms in %d "
+                "calls in a row; its calls run on a thread of their own from now on",
+                sub.callback,
+                sub.channel,
+                FAST * 1000,
+                SLOW_CALLS,
+            )
+
+    def _clear_quick(self) -> deque[tuple[Subscription, Any, int | None]]:
+        """Take the calls waiting to run on the listener thread (under the lock)."""
+        quick, self._quick = self._quick, deque()
+        for sub, _, _ in quick:
+            sub.quick = 0
+        return quick
+
     def _to_lanes(self) -> None:
         """Put the calls not run yet on the listener thread on their lanes (under the lock)."""
-        quick, self._quick = self._quick, deque()
-        self._quick_count.clear()
+        quick = self._clear_quick()
         while quick:
             sub, value, msg_id = quick.popleft()
             lane = self._lane_of(sub)
@@ -347,7 +352,7 @@ class CallbackRunner:
             self._lane_of(sub).running = True
             self._to_lanes()
             stuck_for = time.monotonic() - since
-            thread = self._quick_thread
+            ident = self._quick_thread
         log.warning(
             "firm-channel subscriber %r on channel %r has held the listener thread for %.0f ms;"
             " the listener goes on on a new thread, and its calls run on a thread of their "
@@ -356,6 +361,7 @@ class CallbackRunner:
             sub.channel,
             stuck_for * 1000,
         )
+        thread = next((t for t in threading.enumerate() if t.ident == ident), None)
         if thread is not None:
             self.on_rescue(thread)
 
@@ -467,8 +473,7 @@ class CallbackRunner:
         with self._lock:
             self._closed = True
             self._holding = []
-            self._quick.clear()
-            self._quick_count.clear()
+            self._clear_quick().clear()
             self._watch_stop.set()
             self._watch_wake.set()
             for lane in self._lanes.values():

@@ -109,7 +109,8 @@ class GapList:
 
     def expire(self, settled_before: float) -> None:
         """Forget the gaps revealed by rows created before ``settled_before``."""
-        self._gaps = [g for g in self._gaps if g.revealed_at > settled_before]
+        if self._gaps:
+            self._gaps = [g for g in self._gaps if g.revealed_at > settled_before]
 
     def inside(self, ids: Iterable[int]) -> list[int]:
         """The ``ids`` that fall inside some gap."""

@@ -122,6 +122,8 @@ class Listener:
         self._settings = settings
         self._registry = registry
         self._hint = hint
+        #: The hint's feedback after each read, unless it takes none (PostgreSQL's).
+        self._activity = hint.activity if type(hint).activity is not WakeHint.activity else None
         self._reads = Reads(engine, dialect, table)
         #: What the thread sleeps on: rung by :meth:`wake` and :meth:`close`.
         self._bell = Doorbell()
@@ -368,12 +370,13 @@ class Listener:
                         # on its own connection).
                         self._poll_errors.recovered()
                     last_poll, rows_last = time.monotonic(), rows > 0
-                    self._hint.activity(
-                        rows,
-                        gaps=len(self._gaps),
-                        following=bool(self._followed),
-                        high_water=self._high_water,
-                    )
+                    if self._activity is not None:
+                        self._activity(
+                            rows,
+                            gaps=len(self._gaps),
+                            following=bool(self._followed),
+                            high_water=self._high_water,
+                        )
                     rate_rows += rows
                     if last_poll - rate_since >= RATE_PERIOD:
                         batching = rate_rows >= BATCH_ABOVE * (last_poll - rate_since)
@@ -480,10 +483,11 @@ class Listener:
         # A message the last poll read, notified after it (its commit fell between the
         # hint's LISTEN and that read): delivered already.
         rows = [row for row in rows if self._just_read.get(row.id) != row.created_at]
-        if any(row.id <= hw and not self._gaps.inside([row.id]) for row in rows):
-            # An id passed without a gap: read before, or the table went backwards (ids
-            # reset), which only a read of the table tells.
-            return None
+        for row in rows:
+            if row.id <= hw and not self._gaps.inside([row.id]):
+                # An id passed without a gap: read before, or the table went backwards (ids
+                # reset), which only a read of the table tells.
+                return None
         self._gaps.expire(time.time() - self._settings.commit_grace)
         self._take(rows, self._hint.take_seen())
         self._health.carried += len(rows)
@@ -821,11 +825,19 @@ class Listener:
             if sub.wants_messages:
                 if plain and sub is not only and id(sub) not in self._pending:
                     if shared is None:
-                        shared = self._message(row, sub, caught_up=True)
+                        # What _message makes here: no gap, nothing awaited, caught up.
+                        high = self._high_water
+                        assert high is not None
+                        shared = Message(
+                            row.id, row.channel, row.payload, created_at, str(max(high, row.id))
+                        )
                     message = shared
                 else:
                     message = self._message(row, sub, caught_up=sub is not only)
-                taken = self._call(sub, message)
+                if sub.inline:
+                    taken = self._call(sub, message)
+                else:
+                    taken = self._callbacks.submit(sub, message, None)
             else:
                 taken = self._call(sub, row.payload, row.id)
             if not taken:

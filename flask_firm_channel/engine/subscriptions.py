@@ -50,6 +50,8 @@ class Subscription:
     #: long in several calls in a row (``callbacks.py``); and how many in a row did so far.
     on_lane: bool = False
     slow_calls: int = field(default=0, repr=False)
+    #: Its calls waiting to run on the listener thread (``callbacks.py``).
+    quick: int = field(default=0, repr=False)
     _registry: SubscriptionRegistry | None = field(default=None, repr=False)
     hashes: frozenset[int] = field(init=False, repr=False)
 

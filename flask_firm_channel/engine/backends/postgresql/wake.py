@@ -107,6 +107,12 @@ class NotifyHint(WakeHint):
         #: Connects LISTEN's connection off the listener thread.
         self._connector = Connector(self._open_listen, "firm-channel-listen-connect")
         self._made_at = 0.0
+        #: :meth:`check` has nothing to do before this (monotonic) unless told otherwise: a
+        #: wake-up per message then costs one clock read there. Any change of the state it
+        #: looks at sets it back to 0.
+        self._calm_until = 0.0
+        #: ``psycopg.pq.ConnStatus.OK``, read on every wake-up.
+        self._ok: Any = None
 
     def open(self) -> None:
         self._connector.start()
@@ -154,6 +160,9 @@ class NotifyHint(WakeHint):
             return True
 
     def check(self) -> bool:
+        if self._conn is not None and not self._heard_wanted:
+            if time.monotonic() < self._calm_until:
+                return False
         if self._conn is None:
             self._take_connection()
             if self._conn is None and time.monotonic() >= self._retry_at:
@@ -194,7 +203,23 @@ class NotifyHint(WakeHint):
         except Exception as exc:
             self._lost(exc)
             return True
+        self._calm_until = self._next_check()
         return False
+
+    def _next_check(self) -> float:
+        """The first moment :meth:`check` has something to do by the clock alone: the
+        self-NOTIFY due or overdue, the probe's deadline, ``pool_recycle``. Earlier is
+        safe (it looks again); a change of what it looks at sets it back to 0."""
+        liveness = self.liveness
+        if liveness.sent_at is not None:
+            deadline = liveness.sent_at + liveness.timeout
+        else:
+            deadline = liveness.last_heard + liveness.after
+        if self._probe is not None:
+            deadline = min(deadline, self._probe_deadline)
+        if self.recycle is not None:
+            deadline = min(deadline, self._made_at + self.recycle)
+        return deadline
 
     def follow(self, hashes: frozenset[int]) -> None:
         self._wanted_buckets = frozenset(notify_bucket(h) for h in hashes)
@@ -232,6 +257,7 @@ class NotifyHint(WakeHint):
             conn.commit()
         self._probe = payload.encode()
         self._probe_deadline = time.monotonic() + self.PROBE_TIMEOUT
+        self._calm_until = 0.0
 
     def _not_delivering(self) -> None:
         self._close_conn()
@@ -259,18 +285,16 @@ class NotifyHint(WakeHint):
         self.not_delivering = False
 
     def _read(self) -> bool:
-        psycopg = self._psycopg
         pgconn = self._conn.pgconn
         wanted = False
         # consume_input reads what fits in libpq's buffer (16 kB at first): a burst of
         # large notes is read to its end here, not a buffer's worth per wake-up of the
         # listener, which under sustained traffic waits a batch window between wake-ups.
-        ok = psycopg.pq.ConnStatus.OK
         for _ in range(self.READS_PER_WAKE):
             pgconn.consume_input()
-            if pgconn.status != ok:
+            if pgconn.status != self._ok:
                 message = pgconn.get_error_message() or "the LISTEN connection closed"
-                raise psycopg.OperationalError(message)
+                raise self._psycopg.OperationalError(message)
             heard, size = self._take_notifies(pgconn)
             wanted = wanted or heard
             if size < self.FULL_READ:
@@ -284,17 +308,17 @@ class NotifyHint(WakeHint):
         """Take the notes libpq has read: whether one concerns the followed channels, and
         how many bytes they came in (about)."""
         wanted, size = False, 0
-        ours = b"firm-channel-"
         while (note := pgconn.notifies()) is not None:
-            size += len(note.extra) + len(note.relname) + 10  # the message's own bytes
-            if note.extra == self._probe:
-                self._probe = None  # LISTEN hears what the app's connections send
-                self._delivering()
+            extra = note.extra
+            size += len(extra) + len(note.relname) + 10  # the message's own bytes
+            if extra.startswith(b"firm-channel-"):
+                # A self-NOTIFY (liveness.py), or a probe: this process's, or another's.
+                if extra == self._probe:
+                    self._probe = None  # LISTEN hears what the app's connections send
+                    self._delivering()
                 continue
-            if note.extra.startswith(ours):
-                continue  # a self-NOTIFY (liveness.py), or another process's probe
             try:
-                msg_id, hash_, message = parse_note(note.extra)
+                msg_id, hash_, message = parse_note(extra)
             except ValueError:
                 # Not ours (a NOTIFY sent by hand, say): read the table to be sure.
                 self._uncarried = wanted = True
@@ -382,7 +406,7 @@ class NotifyHint(WakeHint):
         from psycopg import sql
 
         # Kept for _read, which runs on every notification.
-        self._psycopg = psycopg
+        self._psycopg, self._ok = psycopg, psycopg.pq.ConnStatus.OK
         conn = dedicated_connection(self._engine_for_listen())
         if conn is None or not hasattr(conn, "pgconn"):
             close_quietly(conn)
@@ -433,6 +457,7 @@ class NotifyHint(WakeHint):
             return
         self.epoch += 1
         self._made_at = time.monotonic()
+        self._calm_until = 0.0
         self._backoff = self.RETRY_FIRST
         # Counted before it says healthy: whoever sees it healthy again sees the reconnect.
         if self._connected_before:
@@ -454,6 +479,7 @@ class NotifyHint(WakeHint):
         self._heard_wanted = False
         self._carried, self._uncarried = [], False
         self._probe = None
+        self._calm_until = 0.0
         self.epoch += 1
         if conn is not None:
             close_quietly(conn)
