@@ -117,6 +117,10 @@ def test_a_call_that_holds_the_listener_thread_is_rescued_and_the_others_go_on()
         listener.start()
         assert rescued.wait(10), "the stuck call was not rescued"
         assert time.monotonic() - started >= STUCK
+        # Still stuck over five of the watch's looks: rescued once, not at every look (each
+        # rescue logs a warning and moves the loop again).
+        time.sleep(STUCK * 5)  # the span the negative claim covers, not a wait for a condition
+        assert runner.rescues == 1
         # b's call, queued behind the stuck one, reaches b while a1 is still blocked.
         wait_for(lambda: others == ["b1"])
         assert [value for value, _ in blocked] == ["a1"] and a.on_lane and not b.on_lane

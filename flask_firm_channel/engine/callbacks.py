@@ -25,10 +25,11 @@ finishes the stuck call and then serves that subscription's lane, which its late
 for good. A callback that took longer than ``FAST`` in ``SLOW_CALLS`` calls in a row goes to
 its lane for good too, so steady slow work (a database write per message) does not hold the
 listener either. A blocked callback so delays the others by ``STUCK`` once, then never again.
-The watch thread wakes every ``STUCK / 2`` seconds while calls run this way and sleeps
-otherwise.
+The watch thread looks every ``STUCK`` seconds while calls run this way (and sleeps once
+none has for ``WATCH_IDLE``); finding a call running, it looks again when that call will
+have run ``STUCK``, so a stuck call is rescued ``STUCK`` after it began.
 
-The watch's 20 wake-ups a second pay off only where they replace more: a lane's thread wakes
+The watch's 10 wake-ups a second pay off only where they replace more: a lane's thread wakes
 once per call. So calls run on the listener thread only while the process is busy, at
 ``INLINE_RATE`` calls a second or more (measured over ``RATE_WINDOW``), and go back to their
 lanes below half that: a process that gets a few messages a second (one worker of a sharded
@@ -73,7 +74,7 @@ SLOW_CALLS = 5
 #: The watch thread sleeps once no call has run on the listener thread for this long.
 WATCH_IDLE = 1.0
 #: Calls a second from which the listener runs them itself (and below half of which it stops),
-#: measured over RATE_WINDOW seconds: the watch's 2 / STUCK wake-ups a second, twice over.
+#: measured over RATE_WINDOW seconds: the watch's 1 / STUCK wake-ups a second, four times over.
 INLINE_RATE = 4 / STUCK
 RATE_WINDOW = 0.5
 
@@ -246,7 +247,8 @@ class CallbackRunner:
                 self._call(sub, value, msg_id)
             took = clock() - started
             with lock:
-                self._quick_since = self._quick_sub = None
+                if self._quick_seq == seq:  # (after a rescue, another thread's call may run)
+                    self._quick_since = self._quick_sub = None
                 rescued = seq in self._rescued
             if rescued:
                 self._serve_rescued(sub, seq)
@@ -329,10 +331,17 @@ class CallbackRunner:
                     wake.wait()
                 self._watch_parked = False
                 continue
-            self._watch_stop.wait(STUCK / 2)
             since, seq = self._quick_since, self._quick_seq
-            if since is not None and time.monotonic() - since >= STUCK:
-                self._rescue(seq)
+            if since is None:
+                self._watch_stop.wait(STUCK)
+                continue
+            ran = time.monotonic() - since
+            if ran < STUCK:
+                # Look again when this call will have held the listener for STUCK.
+                self._watch_stop.wait(STUCK - ran)
+                if self._quick_since != since:
+                    continue  # it returned
+            self._rescue(seq)
 
     def _rescue(self, seq: int) -> None:
         with self._lock:
@@ -347,6 +356,8 @@ class CallbackRunner:
                 return  # it returned meanwhile (the next call may have started)
             self._rescued.add(seq)
             self.rescues += 1
+            # Not the listener's call any more: the watch does not rescue it twice.
+            self._quick_since = self._quick_sub = None
             sub.on_lane = True
             # The stuck thread serves this lane once its call returns: it counts as running.
             self._lane_of(sub).running = True

@@ -23,6 +23,9 @@ class DriverHold:
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.RLock()
+        #: The lock itself, for a thread's hot path (``with hold.lock:`` does what ``with
+        #: hold:`` does, without a Python call in and out).
+        self.lock = self._lock
         self._held_for_fork = False
         #: Forks that went ahead without waiting for this thread (it stayed in the driver).
         self.fork_timeouts = 0

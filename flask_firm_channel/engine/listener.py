@@ -349,7 +349,7 @@ class Listener:
                         time.sleep(spacing)
                 forced, self._forced = self._forced, False
                 rows, polled = -1, False
-                with self._busy:
+                with self._busy.lock:
                     hinted = self._hint.readable() if readable else False
                     checked = self._hint.check()
                 due = (
@@ -838,8 +838,10 @@ class Listener:
                     taken = self._call(sub, message)
                 else:
                     taken = self._callbacks.submit(sub, message, None)
-            else:
+            elif sub.inline:
                 taken = self._call(sub, row.payload, row.id)
+            else:
+                taken = self._callbacks.submit(sub, row.payload, row.id)
             if not taken:
                 self._fall_behind(sub, row, caught_up=sub is not only)
                 continue

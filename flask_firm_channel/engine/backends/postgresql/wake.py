@@ -142,6 +142,12 @@ class NotifyHint(WakeHint):
         return self._fd if self._conn is not None else None
 
     def next_timeout(self) -> float:
+        if self._conn is not None:
+            calm = self._calm_until - time.monotonic()
+            if calm > 0:
+                # Nothing due before then (check() wakes it no later than the self-NOTIFY
+                # or the probe's deadline would).
+                return min(self.settings.safety_interval, calm)
         if self._conn is None:
             if self._connector.busy:
                 return self.settings.polling_interval  # taken over at the next wake-up
