@@ -224,6 +224,8 @@ def test_a_forked_child_runs_what_its_parent_had_queued_and_held() -> None:
         runner.submit(laned, "held", 3)
         runner.submit(quick, "quick", 4)
         # What a child finds: the parent's threads are gone, its queue and held calls stay.
+        # (Here the parent's watch thread stays too: it is let go at the end.)
+        parent_watch = (runner._watch_wake, runner._watch_stop)
         runner.hold_for_fork()
         runner.release_after_fork()
         runner.after_fork_in_child()
@@ -234,10 +236,12 @@ def test_a_forked_child_runs_what_its_parent_had_queued_and_held() -> None:
     finally:
         gate.set()
         runner.close()
+        for event in parent_watch:
+            event.set()
 
 
 def test_calls_run_on_the_listener_thread_only_while_they_come_fast() -> None:
-    """Below ``INLINE_RATE`` a call wakes its lane's thread (the watch's 20 wake-ups a second
+    """Below ``INLINE_RATE`` a call wakes its lane's thread (the watch's 10 wake-ups a second
     would cost more); above it the lane ends and its calls run at the release; below half of
     it they go back to a lane. Every call exactly once and in order across both switches."""
     now = [0.0]
@@ -254,16 +258,11 @@ def test_calls_run_on_the_listener_thread_only_while_they_come_fast() -> None:
         runner.release()
         sent += 1
 
-    def watches() -> int:
-        return sum(1 for t in threading.enumerate() if t.name == "firm-channel-callbacks-watch")
-
-    before = watches()
     try:
         for _ in range(5):  # 1 a second
             send(1.0)
         wait_for(lambda: len(got) == sent)
         assert {name for _, name in got} == {"firm-channel-callbacks"}
-        assert watches() == before, "the watch thread ran for a call a second"
 
         # 100 a second: once measured, the lane ends after its next call and calls run here.
         for _ in range(500):

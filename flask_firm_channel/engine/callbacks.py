@@ -196,6 +196,10 @@ class CallbackRunner:
         if self._rate_calls and self._clock() - self._rate_since >= RATE_WINDOW:
             self._measure_rate()
         if self._holding:
+            if self._watch is None:
+                # Started with the first callback, whichever way it runs, so that a PubSub's
+                # threads do not change with the rate of its messages (it sleeps meanwhile).
+                self._start_watch()
             with self._lock:
                 holding, self._holding = self._holding, []
                 if not self._closed:

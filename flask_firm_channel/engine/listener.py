@@ -733,6 +733,11 @@ class Listener:
         ``rows`` were read."""
         hw = self._high_water
         assert hw is not None
+        if len(rows) == 1 and rows[0].id == hw + 1:
+            # The next id, alone (a busy channel's message): no gap opens, nothing to look up.
+            self._high_water = rows[0].id
+            self._deliver(rows[0], late=False)
+            return
         # Other channels' rows inside the gaps this batch opens are looked up before any
         # dispatch, so a cursor handed out below never lists them as pending.
         fresh, top = [], hw
@@ -807,7 +812,7 @@ class Listener:
         #: One Message for every caught-up subscription without a cursor of its own (no
         #: open gap, nothing awaited): a thousand streams on a channel share it.
         shared: Message | None = None
-        plain = not self._gaps
+        plain: bool | None = None  # no open gap: worked out at the first message subscription
         for sub in subs:
             if not sub.active or sub.anchor is None:
                 continue
@@ -823,6 +828,8 @@ class Listener:
                     continue
                 awaited[1].gaps.remove([row.id])
             if sub.wants_messages:
+                if plain is None:
+                    plain = not self._gaps
                 if plain and sub is not only and id(sub) not in self._pending:
                     if shared is None:
                         # What _message makes here: no gap, nothing awaited, caught up.
