@@ -37,7 +37,7 @@ class Doorbell:
         ``(rung, fd_readable)``."""
         watched = [self._fd] if fd is None else [self._fd, fd]
         try:
-            ready, _, _ = select.select(watched, [], [], max(0.0, timeout))
+            ready, _, _ = select.select(watched, [], [], timeout if timeout > 0.0 else 0.0)
         except (OSError, ValueError):
             # ``fd`` was closed under us (a hint giving up its connection): the hint notices
             # on its next check; report it readable so that it is asked now.

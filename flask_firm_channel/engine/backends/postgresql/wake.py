@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import select as _select
@@ -18,6 +19,10 @@ from .liveness import PING_PAYLOAD, Liveness
 from .notes import NOTIFY_BUCKETS, notify_bucket, notify_channel_name, parse_note
 
 log = logging.getLogger("flask_firm_channel")
+
+#: ``Row`` from a tuple of its fields, made in C: ``Row(...)`` runs the NamedTuple's Python
+#: ``__new__``, which costs as much again (a carried note makes one per message).
+_row = functools.partial(tuple.__new__, Row)
 
 
 class NotifyHint(WakeHint):
@@ -147,7 +152,8 @@ class NotifyHint(WakeHint):
             if calm > 0:
                 # Nothing due before then (check() wakes it no later than the self-NOTIFY
                 # or the probe's deadline would).
-                return min(self.settings.safety_interval, calm)
+                safety = self.settings.safety_interval
+                return calm if calm < safety else safety
         if self._conn is None:
             if self._connector.busy:
                 return self.settings.polling_interval  # taken over at the next wake-up
@@ -337,7 +343,7 @@ class NotifyHint(WakeHint):
                 self._uncarried = True
             else:
                 channel, payload, created_at = message
-                self._carried.append(Row(msg_id, channel, payload, created_at, 0))
+                self._carried.append(_row((msg_id, channel, payload, created_at, 0)))
         if size:
             self.liveness.heard()
         return wanted, size
