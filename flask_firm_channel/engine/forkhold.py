@@ -22,16 +22,15 @@ FORK_WAIT = 2.0
 class DriverHold:
     def __init__(self, name: str) -> None:
         self.name = name
-        self._lock = threading.RLock()
-        #: The lock itself, for a thread's hot path (``with hold.lock:`` does what ``with
-        #: hold:`` does, without a Python call in and out).
-        self.lock = self._lock
+        #: ``with hold.lock:`` does what ``with hold:`` does, without a Python call in and
+        #: out (for a thread's hot path).
+        self.lock = threading.RLock()
         self._held_for_fork = False
         #: Forks that went ahead without waiting for this thread (it stayed in the driver).
         self.fork_timeouts = 0
 
     def __enter__(self) -> DriverHold:
-        self._lock.acquire()
+        self.lock.acquire()
         return self
 
     def __exit__(
@@ -40,13 +39,13 @@ class DriverHold:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._lock.release()
+        self.lock.release()
 
     def hold_for_fork(self, timeout: float | None = None) -> None:
         """Wait (at most ``FORK_WAIT``) until the thread is outside the driver, and keep it
         there until :meth:`release_after_fork`."""
         wait = FORK_WAIT if timeout is None else timeout
-        self._held_for_fork = self._lock.acquire(timeout=wait)
+        self._held_for_fork = self.lock.acquire(timeout=wait)
         if not self._held_for_fork:
             self.fork_timeouts += 1
             log.warning(
@@ -59,4 +58,4 @@ class DriverHold:
     def release_after_fork(self) -> None:
         if self._held_for_fork:
             self._held_for_fork = False
-            self._lock.release()
+            self.lock.release()

@@ -830,32 +830,20 @@ class Listener:
                 if awaited is None or not awaited[1].gaps.inside([row.id]):
                     continue
                 awaited[1].gaps.remove([row.id])
+            value: Any
+            msg_id: int | None
             if sub.wants_messages:
                 if plain is None:
                     plain = not self._gaps
                 if plain and sub is not only and id(sub) not in self._pending:
                     if shared is None:
-                        # What _message makes here: no gap, nothing awaited, caught up.
-                        high = self._high_water
-                        assert high is not None
-                        shared = Message(
-                            row.id,
-                            row.channel,
-                            row.payload,
-                            created_at,
-                            str(high if high > row.id else row.id),
-                        )
-                    message = shared
+                        shared = self._message(row, sub, caught_up=True)
+                    value, msg_id = shared, None
                 else:
-                    message = self._message(row, sub, caught_up=sub is not only)
-                if sub.inline:
-                    taken = self._call(sub, message)
-                else:
-                    taken = self._callbacks.submit(sub, message, None)
-            elif sub.inline:
-                taken = self._call(sub, row.payload, row.id)
+                    value, msg_id = self._message(row, sub, caught_up=sub is not only), None
             else:
-                taken = self._callbacks.submit(sub, row.payload, row.id)
+                value, msg_id = row.payload, row.id
+            taken = self._call(sub, value, msg_id)
             if not taken:
                 self._fall_behind(sub, row, caught_up=sub is not only)
                 continue

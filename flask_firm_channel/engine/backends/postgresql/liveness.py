@@ -64,12 +64,15 @@ class Liveness:
                 f"{self.timeout:g} s (after {self.after:g} s of silence); reconnecting"
             )
 
+    def deadline(self) -> float:
+        """When (monotonic) :meth:`due` or :meth:`check` has something to do."""
+        if self.sent_at is not None:
+            return self.sent_at + self.timeout
+        return self.last_heard + self.after
+
     def next_event(self) -> float:
         """Seconds until :meth:`due` or :meth:`check` has something to do."""
-        now = time.monotonic()
-        if self.sent_at is not None:
-            return max(0.0, self.sent_at + self.timeout - now)
-        return max(0.0, self.last_heard + self.after - now)
+        return max(0.0, self.deadline() - time.monotonic())
 
     def describe(self) -> str:
         quiet = time.monotonic() - self.last_heard

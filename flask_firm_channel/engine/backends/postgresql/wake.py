@@ -147,18 +147,16 @@ class NotifyHint(WakeHint):
         return self._fd if self._conn is not None else None
 
     def next_timeout(self) -> float:
-        if self._conn is not None:
-            calm = self._calm_until - time.monotonic()
-            if calm > 0:
-                # Nothing due before then (check() wakes it no later than the self-NOTIFY
-                # or the probe's deadline would).
-                safety = self.settings.safety_interval
-                return calm if calm < safety else safety
         if self._conn is None:
             if self._connector.busy:
                 return self.settings.polling_interval  # taken over at the next wake-up
             retry = max(0.0, self._retry_at - time.monotonic())
             return min(self.settings.polling_interval, retry)
+        calm = self._calm_until - time.monotonic()
+        if calm > 0:
+            # Nothing due before then (see _next_check; comparisons, not min: per message).
+            safety = self.settings.safety_interval
+            return calm if calm < safety else safety
         timeout = min(self.settings.safety_interval, self.liveness.next_event())
         if self._probe is not None:
             timeout = min(timeout, max(0.0, self._probe_deadline - time.monotonic()))
@@ -172,9 +170,12 @@ class NotifyHint(WakeHint):
             return True
 
     def check(self) -> bool:
-        if self._conn is not None and not self._heard_wanted:
-            if time.monotonic() < self._calm_until:
-                return False
+        if (
+            self._conn is not None
+            and not self._heard_wanted
+            and time.monotonic() < self._calm_until
+        ):
+            return False
         if self._conn is None:
             self._take_connection()
             if self._conn is None and time.monotonic() >= self._retry_at:
@@ -222,11 +223,7 @@ class NotifyHint(WakeHint):
         """The first moment :meth:`check` has something to do by the clock alone: the
         self-NOTIFY due or overdue, the probe's deadline, ``pool_recycle``. Earlier is
         safe (it looks again); a change of what it looks at sets it back to 0."""
-        liveness = self.liveness
-        if liveness.sent_at is not None:
-            deadline = liveness.sent_at + liveness.timeout
-        else:
-            deadline = liveness.last_heard + liveness.after
+        deadline = self.liveness.deadline()
         if self._probe is not None:
             deadline = min(deadline, self._probe_deadline)
         if self.recycle is not None:
