@@ -161,6 +161,9 @@ class Listener:
         self._newest_seen: datetime | None = None
         self._last_reset_check = 0.0
         self._more = False
+        #: The rate of messages read, measured over RATE_PERIOD: batching is on above
+        #: BATCH_ABOVE (see :meth:`_count_rate`).
+        self._batching, self._rate_since, self._rate_rows = False, time.monotonic(), 0
         #: Subscriptions waiting for their catch-up, oldest first.
         self._starting: list[Subscription] = []
         self._health = ListenerHealth(wake_mode=hint.mode)
@@ -322,8 +325,6 @@ class Listener:
         backoff = 0.0
         next_safety_poll = 0.0
         last_poll, rows_last = 0.0, False
-        # The rate of messages read, measured over RATE_PERIOD: batching is on above BATCH_ABOVE.
-        batching, rate_since, rate_rows = False, time.monotonic(), 0
         while not self._stopping:
             try:
                 # (Comparisons, not min/max: this runs once per message, and the builtins
@@ -336,12 +337,19 @@ class Listener:
                 # this thread is about to let go of the GIL (``callbacks.py``).
                 if self._callbacks.release():
                     return True  # the loop goes on on another thread
-                rung, readable = self._bell.wait(
-                    0.0 if self._more else timeout, self._hint.fileno()
-                )
+                hinted: bool | None = None
+                if self._steady_now():
+                    woken = self._steady(timeout)
+                    if woken is None:
+                        return True  # (as above)
+                    rung, readable, hinted = woken
+                else:
+                    rung, readable = self._bell.wait(
+                        0.0 if self._more else timeout, self._hint.fileno()
+                    )
                 if self._stopping:
                     break
-                if (rung or readable) and rows_last and batching and not self._more:
+                if (rung or readable) and rows_last and self._batching and not self._more:
                     # Under sustained traffic (more than BATCH_ABOVE messages a second),
                     # wake-ups arriving within the batch window of a poll that found rows are
                     # served by one poll: the rows wait for it in the table, so nothing is
@@ -353,7 +361,8 @@ class Listener:
                 forced, self._forced = self._forced, False
                 rows, polled = -1, False
                 with self._busy.lock:
-                    hinted = self._hint.readable() if readable else False
+                    if hinted is None:
+                        hinted = self._hint.readable() if readable else False
                     checked = self._hint.check()
                 due = (
                     forced
@@ -380,10 +389,7 @@ class Listener:
                             following=bool(self._followed),
                             high_water=self._high_water,
                         )
-                    rate_rows += rows
-                    if last_poll - rate_since >= RATE_PERIOD:
-                        batching = rate_rows >= BATCH_ABOVE * (last_poll - rate_since)
-                        rate_since, rate_rows = last_poll, 0
+                    self._count_rate(rows, last_poll)
                 if polled:
                     # Only a read of the table is a safety poll: carried messages are not.
                     pace = (
@@ -408,6 +414,81 @@ class Listener:
                 if not self._stopping:
                     self._health.restarts += 1
         return False
+
+    def _count_rate(self, rows: int, now: float) -> None:
+        """``rows`` more were read or carried; batching is on while more than BATCH_ABOVE a
+        second come, measured over RATE_PERIOD."""
+        self._rate_rows += rows
+        if now - self._rate_since >= RATE_PERIOD:
+            self._batching = self._rate_rows >= BATCH_ABOVE * (now - self._rate_since)
+            self._rate_since, self._rate_rows = now, 0
+
+    # -- the steady state of a hint that carries the messages ----------------------------
+
+    def _steady_now(self) -> bool:
+        """Whether the next wake-up can be served by :meth:`_steady`: the hint carries
+        messages, stood for the table since the last read (what :meth:`deliver_carried`
+        asks) and nothing else waits for the loop (no gap to expire, no read asked for,
+        no batching)."""
+        return (
+            self._hint.carries
+            and not self._more
+            and not self._forced
+            and not self._batching
+            and not self._gaps
+            and not self._starting
+            and not self._pending
+            and self._high_water is not None
+            and self._covered_epoch == self._hint.epoch
+            and self._registry.snapshot().version == self._covered_version
+            and self._hint.fileno() is not None
+        )
+
+    def _steady(self, timeout: float) -> tuple[bool, bool, bool | None] | None:
+        """Wait as the loop does, for at most ``timeout`` seconds, and while each wake-up
+        brings only this process's next messages (a busy channel's NOTIFYs, ids one after
+        the other), deliver them from here and wait again, with none of the loop's other
+        steps: those are for what this leaves to the loop (the bell, the timeout, anything
+        else the socket brings, a change of subscriptions, batching), and each would only
+        find nothing to do. One wake-up costs about a third of the loop's Python then, and
+        sixteen processes woken by every message of one channel cost about what sixteen
+        raw LISTEN loops do (``docs/benchmarks-fleet.md``).
+
+        Returns what the loop's wait would have, ``(rung, readable, hinted)`` (``hinted``:
+        what the hint said of the socket, None if not asked yet), or None if a callback run
+        on this thread was rescued (the loop goes on on another)."""
+        hint, bell, registry, callbacks = self._hint, self._bell, self._registry, self._callbacks
+        fd, lock, health = hint.fileno(), self._busy.lock, self._health
+        snap = registry.snapshot()
+        clock = time.monotonic
+        deadline = clock() + timeout
+        while True:
+            now = clock()
+            if now >= deadline:
+                return False, False, None
+            rung, readable = bell.wait(deadline - now, fd)
+            if rung or not readable or self._stopping or registry.snapshot() is not snap:
+                return rung, readable, None
+            assert self._high_water is not None
+            with lock:
+                rows = hint.carry(self._high_water, snap.hash_set)
+            if isinstance(rows, bool):
+                return False, True, rows
+            if rows:
+                # Ids high_water + 1 on, one after the other: no gap opens (``_take``).
+                for row in rows:
+                    self._high_water = row.id
+                    self._deliver(row, late=False)
+                health.carried += len(rows)
+                health.last_poll_at = time.time()
+                self._rate_rows += len(rows)
+                now = clock()
+                if now - self._rate_since >= RATE_PERIOD:
+                    self._count_rate(0, now)
+                    if self._batching:
+                        return False, False, False
+            if callbacks.release():
+                return None
 
     # -- one poll -------------------------------------------------------------------------
 

@@ -50,6 +50,8 @@ class WakeHint:
     """No hint: poll the table every ``polling_interval`` (also the fallback of every hint)."""
 
     mode = "poll"
+    #: Its descriptor's wake-ups carry the messages themselves (:meth:`carry`).
+    carries = False
     #: Moves whenever the hint may have missed a message it would have carried (it
     #: reconnected, or started watching other channels): messages it carried are delivered
     #: without reading the table only while this stays what it was at the listener's last
@@ -91,6 +93,13 @@ class WakeHint:
     def readable(self) -> bool:
         """:meth:`fileno` turned readable; return True to query the table now."""
         return False
+
+    def carry(self, high_water: int, hashes: frozenset[int]) -> list[Row] | bool:
+        """:meth:`fileno` turned readable while the listener delivers carried messages as
+        they come (``Listener._steady``): the messages it brought if they are exactly the
+        next ones of the channels of ``hashes``, ids ``high_water + 1`` on, in order;
+        otherwise what :meth:`readable` returns, the wake-up taken as it takes one."""
+        return self.readable()
 
     def check(self) -> bool:
         """After any wake-up: return True to query the table now."""

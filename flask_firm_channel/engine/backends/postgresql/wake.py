@@ -7,6 +7,7 @@ import logging
 import os
 import select as _select
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import Engine, NullPool, create_engine, func, select
@@ -57,6 +58,7 @@ class NotifyHint(WakeHint):
     """
 
     mode = "notify"
+    carries = True
     #: Seconds of silence after which the LISTEN connection is checked, and how long it has
     #: to answer (a change of buckets too).
     PING_AFTER = 15.0
@@ -304,7 +306,7 @@ class NotifyHint(WakeHint):
             if pgconn.status != self._ok:
                 message = pgconn.get_error_message() or "the LISTEN connection closed"
                 raise self._psycopg.OperationalError(message)
-            heard, size = self._take_notifies(pgconn)
+            heard, size = self._take_notes(iter(pgconn.notifies, None))
             wanted = wanted or heard
             if size < self.FULL_READ:
                 break
@@ -313,11 +315,60 @@ class NotifyHint(WakeHint):
             self._take_results(pgconn, ping=True)
         return wanted
 
-    def _take_notifies(self, pgconn: Any) -> tuple[bool, int]:
+    def carry(self, high_water: int, hashes: frozenset[int]) -> list[Row] | bool:
+        """The listener's steady state (``Listener._steady``): read the socket, and if its
+        notes are all this process's next messages, ids ``high_water + 1`` on in order with
+        their payloads (besides the notes of other channels than ``hashes``, the followed
+        ones, skipped as :meth:`readable` skips them), return them. Anything else (a probe, a self-NOTIFY, a
+        note without its payload or out of order, a connection that failed) leaves every
+        note to :meth:`readable`'s path, and this returns what that returns."""
+        if (
+            self._probe is not None
+            or self.liveness.sent_at is not None
+            or self._carried
+            or self._uncarried
+        ):
+            return self.readable()
+        pgconn = self._conn.pgconn
+        try:
+            pgconn.consume_input()
+            if pgconn.status != self._ok:
+                return self.readable()  # (which raises the connection's error, and says so)
+            notes = list(iter(pgconn.notifies, None))
+        except Exception as exc:
+            self._lost(exc)
+            return True
+        rows: list[Row] = []
+        want = high_water + 1
+        for note in notes:
+            try:
+                msg_id, hash_, message = parse_note(note.extra)
+            except ValueError:
+                break  # a probe or a self-NOTIFY ("firm-channel-..."), or not ours
+            if hash_ not in hashes:
+                continue
+            if msg_id != want or message is None:
+                break
+            channel, payload, created_at = message
+            rows.append(_row((msg_id, channel, payload, created_at, 0)))
+            want += 1
+        else:
+            if notes:
+                self.wakes += len(rows)
+                self.liveness.heard()
+            return rows
+        try:
+            heard, _ = self._take_notes(notes)
+            return self._read() or heard  # (the rest of the socket, as a wake-up reads it)
+        except Exception as exc:
+            self._lost(exc)
+            return True
+
+    def _take_notes(self, notes: Iterable[Any]) -> tuple[bool, int]:
         """Take the notes libpq has read: whether one concerns the followed channels, and
         how many bytes they came in (about)."""
         wanted, size = False, 0
-        while (note := pgconn.notifies()) is not None:
+        for note in notes:
             extra = note.extra
             size += len(extra) + len(note.relname) + 10  # the message's own bytes
             if extra.startswith(b"firm-channel-"):
@@ -391,7 +442,7 @@ class NotifyHint(WakeHint):
             if pgconn.status != psycopg.pq.ConnStatus.OK:
                 message = pgconn.get_error_message() or "the LISTEN connection closed"
                 raise psycopg.OperationalError(message)
-            if self._take_notifies(pgconn)[0]:
+            if self._take_notes(iter(pgconn.notifies, None))[0]:
                 self._heard_wanted = True
             if ping and self._take_results(pgconn, ping=True):
                 ping = False
