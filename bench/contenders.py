@@ -50,6 +50,11 @@ class Contender:
         return self.kind != "floor"
 
     @property
+    def stores_rows(self) -> bool:
+        """Raw LISTEN/NOTIFY whose broadcast also stores the row (``PgNotifyRowAdapter``)."""
+        return self.kind == "pgnotify" and "table" in self.spec
+
+    @property
     def has_many(self) -> bool:
         return self.kind in ("ours", "redis", "pgnotify", "floor")
 
@@ -89,6 +94,8 @@ class Contender:
             spec["url"] = _backend_url(self.backend, tmpdir, f"floor_{serial}.db")
         elif self.kind == "pgnotify":
             spec["dsn"] = PG_DSN
+            if self.settings.get("row"):
+                spec["table"] = f"bench_row_{tag}"
         self.spec = spec
 
     def setup(self, prefill: int = 0, hot: str = "", frozen_stats: bool = False) -> None:
@@ -121,8 +128,8 @@ class Contender:
                 schema.create_all(engine)
             finally:
                 engine.dispose()
-        elif self.kind == "floor":
-            engine = sa.create_engine(self.spec["url"])
+        elif self.kind == "floor" or self.stores_rows:
+            engine = sa.create_engine(self.spec.get("url", PG_URL))
             try:
                 floor_table(sa.MetaData(), self.spec["table"]).create(engine, checkfirst=True)
             finally:
@@ -132,8 +139,8 @@ class Contender:
         """Drop what :meth:`setup` created."""
         import sqlalchemy as sa
 
-        if self.kind in ("ours", "floor"):
-            engine = sa.create_engine(self.spec["url"])
+        if self.kind in ("ours", "floor") or self.stores_rows:
+            engine = sa.create_engine(self.spec.get("url", PG_URL))
             try:
                 sa.Table(self.spec["table"], sa.MetaData()).drop(engine, checkfirst=True)
             finally:
@@ -236,7 +243,7 @@ def make_adapter(spec: dict[str, Any]) -> Any:
     if kind == "redis":
         return RedisAdapter()
     if kind == "pgnotify":
-        return PgNotifyAdapter(spec["dsn"])
+        return PgNotifyRowAdapter(spec) if "table" in spec else PgNotifyAdapter(spec["dsn"])
     if kind == "floor":
         return FloorAdapter(spec)
     raise ValueError(f"unknown contender kind {kind!r}")
@@ -422,6 +429,34 @@ class PgNotifyAdapter:
             sub.close()
         if self._pub is not None:
             self._pub.close()
+
+
+class PgNotifyRowAdapter(PgNotifyAdapter):
+    """Raw LISTEN/NOTIFY whose broadcast also INSERTs the message's row (the message table's
+    shape, :func:`floor_table`), in the same statement and transaction as its ``pg_notify``:
+    the durable floor of pub/sub through PostgreSQL. Its subscribers are raw LISTEN's; its
+    broadcast pays what a stored message costs the server (the row, its indexes, the commit's
+    WAL flush), which a bare NOTIFY does not."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        super().__init__(spec["dsn"])
+        self.sql = (
+            f"WITH stored AS (INSERT INTO {spec['table']}"
+            " (channel, payload, channel_hash, created_at) VALUES (%s, %s, %s, %s)"
+            " RETURNING id) SELECT pg_notify(%s, %s) FROM stored"
+        )
+
+    def _params(self, channel: str, payload: bytes) -> tuple[Any, ...]:
+        ch = channel.encode()
+        now = datetime.now(UTC).replace(tzinfo=None)
+        return (ch, payload, channel_hash(ch), now, channel, payload.decode())
+
+    def broadcast(self, channel: str, payload: bytes) -> None:
+        self.pub.execute(self.sql, self._params(channel, payload))
+
+    def broadcast_many(self, items: list[tuple[str, bytes]]) -> None:
+        with self.pub.transaction(), self.pub.cursor() as cur:
+            cur.executemany(self.sql, [self._params(c, p) for c, p in items])
 
 
 class FloorAdapter:

@@ -3,9 +3,10 @@
 K subscriber processes (each an engine-level ``PubSub``, like one gunicorn worker) and one
 broadcaster, for K in ``--k`` and two shapes: *sharded* (process i follows ``shard:i``; messages
 round-robin over the K channels) and *fan-out* (all K follow ``room``). Redis pub/sub and raw
-PostgreSQL LISTEN/NOTIFY carrying the payload run side by side with ours on PostgreSQL, MariaDB
-and SQLite, in the same run; rounds interleave contenders and K so that drifts of a shared
-machine land on everyone alike.
+PostgreSQL LISTEN/NOTIFY carrying the payload (bare, and "+ row": its broadcast also stores the
+message's row in the same statement, the durable floor) run side by side with ours on
+PostgreSQL, MariaDB and SQLite, in the same run; rounds interleave contenders and K so that
+drifts of a shared machine land on everyone alike.
 
 ``--self-check`` injects a known loss and known duplicates and fails unless the counting finds
 exactly them. Only loopback servers are used (see ``contenders.py``); every process, table and
@@ -37,6 +38,13 @@ def fleet_contenders() -> list[Contender]:
     return [
         Contender("redis", "redis", "", "Redis pub/sub"),
         Contender("pgnotify/postgres", "pgnotify", "postgres", "raw LISTEN/NOTIFY"),
+        Contender(
+            "pgnotify-row/postgres",
+            "pgnotify",
+            "postgres",
+            "raw LISTEN/NOTIFY + row",
+            settings={"row": True},
+        ),
         Contender("ours/postgres", "ours", "postgres", "ours PostgreSQL"),
         Contender("ours/mariadb", "ours", "mariadb", "ours MariaDB"),
         Contender(

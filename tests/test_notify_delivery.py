@@ -6,6 +6,7 @@ all delivered exactly once."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -282,3 +283,40 @@ def test_a_notify_of_a_message_the_listener_just_read_costs_no_second_read(
     # Its start and the read its own broadcast asked for (5 scans here); a read for each late
     # NOTIFY would add one each. "after" came in its NOTIFY.
     assert read <= 10
+
+
+def test_a_stream_of_carried_messages_still_gets_its_safety_polls(
+    backend: str,
+    engine: sa.Engine,
+    table: sa.Table,
+    listening: Callable[..., PubSub],
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    """While every wake-up brings the channel's next message, the listener delivers them in
+    a loop of its own (``Listener._steady``); the table is still read every
+    ``safety_interval`` meanwhile, as the server's scan count shows."""
+    before = scans_from_now(engine, table)
+    interval = 0.2
+    subscriber = listening(safety_interval=interval)
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    received: list[bytes] = []
+    subscriber.subscribe("stream", received.append)
+    publisher.broadcast("stream", "first")
+    wait_for(lambda: received == [b"first"])
+    polls, carried = subscriber.health().polls, subscriber.health().carried
+    started = time.monotonic()
+    sent = [f"s{i}".encode() for i in range(150)]
+    for payload in sent:
+        publisher.broadcast("stream", payload)
+        time.sleep(0.01)  # paces the traffic: about 100 a second, not a wait for a result
+    wait_for(lambda: len(received) == 1 + len(sent), timeout=30)
+    took = time.monotonic() - started
+    health = subscriber.health()
+    assert received == [b"first", *sent]
+    stream_polls = health.polls - polls
+    # (A safety poll reads what committed before its NOTIFY was taken: a few, not most.)
+    assert health.carried - carried > len(sent) // 2, "the messages came in their NOTIFYs"
+    print(f"{stream_polls} polls in {took:.2f} s of stream, safety_interval {interval}")
+    assert stream_polls >= took / interval - 2, (stream_polls, took)
+    read = scans_after_closing(subscriber, engine, table) - before
+    assert read >= stream_polls, (read, stream_polls)

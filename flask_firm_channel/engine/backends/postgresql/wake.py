@@ -319,9 +319,10 @@ class NotifyHint(WakeHint):
         """The listener's steady state (``Listener._steady``): read the socket, and if its
         notes are all this process's next messages, ids ``high_water + 1`` on in order with
         their payloads (besides the notes of other channels than ``hashes``, the followed
-        ones, skipped as :meth:`readable` skips them), return them. Anything else (a probe, a self-NOTIFY, a
-        note without its payload or out of order, a connection that failed) leaves every
-        note to :meth:`readable`'s path, and this returns what that returns."""
+        ones, skipped as :meth:`readable` skips them), return them. Anything else (a probe,
+        a self-NOTIFY, a note without its payload or out of order, a connection that
+        failed) leaves every note to :meth:`readable`'s path, and this returns what that
+        returns."""
         if (
             self._probe is not None
             or self.liveness.sent_at is not None
