@@ -104,8 +104,10 @@ def _server_pid(server: str) -> int:
 
         with psycopg.connect(PG_DSN, autocommit=True) as conn:
             row = conn.execute("SELECT pg_backend_pid()").fetchone()
-        assert row is not None
-        ident = _identity(int(row[0]))
+            assert row is not None
+            # Read while the session lasts: once it is closed, its backend exits, and a
+            # lookup that comes after it finds no /proc entry.
+            ident = _identity(int(row[0]))
         if ident is None:
             raise RuntimeError("the PostgreSQL server is not on this machine (no /proc entry)")
         return ident[0]
