@@ -231,6 +231,13 @@ def channel_hash(channel: bytes) -> int:
     return int(struct.unpack(">q", hashlib.sha256(channel).digest()[:8])[0])
 
 
+def row_values(channel: str, payload: bytes) -> tuple[bytes, bytes, int, datetime]:
+    """A message row's ``(channel, payload, channel_hash, created_at)``, created now (naive
+    UTC), for the raw contenders that write the table themselves."""
+    ch = channel.encode()
+    return (ch, payload, channel_hash(ch), datetime.now(UTC).replace(tzinfo=None))
+
+
 # -- worker side -----------------------------------------------------------------------------
 
 
@@ -447,9 +454,7 @@ class PgNotifyRowAdapter(PgNotifyAdapter):
         )
 
     def _params(self, channel: str, payload: bytes) -> tuple[Any, ...]:
-        ch = channel.encode()
-        now = datetime.now(UTC).replace(tzinfo=None)
-        return (ch, payload, channel_hash(ch), now, channel, payload.decode())
+        return (*row_values(channel, payload), channel, payload.decode())
 
     def broadcast(self, channel: str, payload: bytes) -> None:
         self.pub.execute(self.sql, self._params(channel, payload))
@@ -484,10 +489,9 @@ class FloorAdapter:
             self.sql = f"INSERT INTO {t} {cols} VALUES (%s, %s, %s, %s)"
 
     def _row(self, channel: str, payload: bytes) -> tuple[Any, ...]:
-        ch = channel.encode()
-        now = datetime.now(UTC).replace(tzinfo=None)
+        ch, payload, hash_, now = row_values(channel, payload)
         created: Any = now.isoformat(" ") if self.backend == "sqlite" else now
-        return (ch, payload, channel_hash(ch), created)
+        return (ch, payload, hash_, created)
 
     def subscribe(self, channel: str, cb: Callback) -> None:  # pragma: no cover
         raise NotImplementedError("the floor only writes")

@@ -474,18 +474,12 @@ class Listener:
             if isinstance(rows, bool):
                 return False, True, rows
             if rows:
-                # Ids high_water + 1 on, one after the other: no gap opens (``_take``).
-                for row in rows:
-                    self._high_water = row.id
-                    self._deliver(row, late=False)
+                self._take_next(rows)
                 health.carried += len(rows)
                 health.last_poll_at = time.time()
-                self._rate_rows += len(rows)
-                now = clock()
-                if now - self._rate_since >= RATE_PERIOD:
-                    self._count_rate(0, now)
-                    if self._batching:
-                        return False, False, False
+                self._count_rate(len(rows), clock())
+                if self._batching:
+                    return False, False, False
             if callbacks.release():
                 return None
 
@@ -817,9 +811,7 @@ class Listener:
         hw = self._high_water
         assert hw is not None
         if len(rows) == 1 and rows[0].id == hw + 1:
-            # The next id, alone (a busy channel's message): no gap opens, nothing to look up.
-            self._high_water = rows[0].id
-            self._deliver(rows[0], late=False)
+            self._take_next(rows)  # (a busy channel's message)
             return
         # Other channels' rows inside the gaps this batch opens are looked up before any
         # dispatch, so a cursor handed out below never lists them as pending.
@@ -846,6 +838,13 @@ class Listener:
                 self._deliver(row, late=True)
             else:
                 self._deliver(row, late=None)
+
+    def _take_next(self, rows: list[Row]) -> None:
+        """Dispatch ``rows`` that are the next ids, ``high_water + 1`` on, one after the
+        other: no gap opens, nothing to look up."""
+        for row in rows:
+            self._high_water = row.id
+            self._deliver(row, late=False)
 
     def _foreign_ids(self, fresh: list[tuple[int, int]], seen: Seen | None = None) -> set[int]:
         """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a
