@@ -123,11 +123,12 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "FIRM_CHANNEL_HOST_WATCH",
-        False,
-        "bool",
+        None,
+        "bool or None",
         "MySQL/MariaDB on Linux: one listening process per host watches the table and wakes"
         " only the host's processes a message concerns (see :ref:`One watcher per host"
-        " <host-watch>`).",
+        " <host-watch>`). ``None``: while more than one process of the host listens, and a"
+        " process alone waits on its own; ``True``: always; ``False``: never.",
     ),
     Key(
         "FIRM_CHANNEL_SSE_HEARTBEAT",

@@ -1,11 +1,11 @@
 """One process of a fleet, driven line by line on stdin, for the fleet tests.
 
-    python tests/proc_fleet_member.py URL TABLE [host_watch]
+    python tests/proc_fleet_member.py URL TABLE [host_watch | auto]
 
 Commands: ``sub CHANNEL`` and ``unsub CHANNEL`` (each answered ``OK``), ``stats`` (answered
 ``STATS <json>`` with the listener's polls, wakes, rows read, how it waits and, on MySQL,
 the server's id of its reading connection), ``quit``. With ``host_watch``, the setting of
-that name is on.
+that name is on; with ``auto``, it is left unset (else it is off).
 At start it prints ``TID <id>``, the kernel's id of its listener thread, then ``READY``.
 Every delivered message is a line ``MSG <channel> <payload>``.
 """
@@ -30,7 +30,7 @@ def main(url: str, table_name: str, *options: str) -> int:
         auto_trim=False,
         safety_interval=3600,
         heartbeat_interval=0,
-        host_watch="host_watch" in options,
+        host_watch=True if "host_watch" in options else None if "auto" in options else False,
     )
     pubsub = PubSub(engine, message_table(sa.MetaData(), table_name), settings)
     out = threading.Lock()

@@ -54,6 +54,8 @@ FLAGS = [
     "FIRM_CHANNEL_LISTENER",
     "FIRM_CHANNEL_ADMIN",
 ]
+#: Flags that also take None: left to the engine to decide.
+UNSET_FLAGS = ["FIRM_CHANNEL_HOST_WATCH"]
 ENGINE_NAMES = [
     "polling_interval",
     "commit_grace",
@@ -137,6 +139,8 @@ def expected_value(key: str, value: Any) -> Any:
             raise Refused(ValueError, key)
         return value
     if key in FLAGS:
+        if value is None and key in UNSET_FLAGS:
+            return None
         if not isinstance(value, bool):
             raise Refused(TypeError, key)
         return value

@@ -10,9 +10,11 @@ woke, from the kernel's count of its context switches.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +24,13 @@ import sqlalchemy as sa
 
 from flask_firm_channel import PubSub
 from flask_firm_channel.engine.backends.base.bells import Bells, bucket
-from flask_firm_channel.engine.backends.mysql import HostBellHint, HostWatcher, host_dir
+from flask_firm_channel.engine.backends.mysql import (
+    HostAutoHint,
+    HostBellHint,
+    HostWatcher,
+    host_dir,
+)
+from flask_firm_channel.engine.backends.mysql.presence import HostPresence
 from flask_firm_channel.engine.table import channel_hash
 
 from .conftest import wait_for
@@ -260,26 +268,32 @@ def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table
         os.waitpid(pid, 0)
 
 
+@pytest.mark.parametrize(("setting", "level"), [(True, logging.WARNING), (None, logging.INFO)])
 def test_a_bells_directory_others_may_write_is_not_used(
     engine: sa.Engine,
     make_pubsub: Callable[..., PubSub],
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
+    setting: bool | None,
+    level: int,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="flask_firm_channel")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the host's temporary files
     directory = host_dir(engine)
     assert directory.startswith(str(tmp_path))
     os.makedirs(directory)
     os.chmod(directory, 0o777)
-    listening = make_pubsub(auto_trim=False, host_watch=True)
+    listening = make_pubsub(auto_trim=False, host_watch=setting)
     got: list[bytes] = []
     listening.subscribe("shared", got.append)
-    # Each process waits on its own, as without the setting, and says why.
+    # Each process waits on its own, and says why: as a WARNING when the watch was asked
+    # for, for the record when the setting was left to decide.
     assert listening.health().wake_mode == "adaptive"
-    assert any(
-        directory in r.getMessage() and "other users" in r.getMessage() for r in caplog.records
-    ), [r.getMessage() for r in caplog.records]
+    said = [r for r in caplog.records if directory in r.getMessage()]
+    assert [(r.levelno, "other users" in r.getMessage()) for r in said] == [(level, True)], [
+        r.getMessage() for r in caplog.records
+    ]
     make_pubsub(auto_trim=False).broadcast("shared", "still delivered")
     wait_for(lambda: got == [b"still delivered"], timeout=30)
     assert os.listdir(directory) == []  # no bell or lock made in it
@@ -353,3 +367,96 @@ def test_the_watcher_publishes_the_settled_ids_in_place(
     assert got == [b"first"] + [str(n).encode() for n in range(20)]
     # One file written over at every answer, not a new one renamed into its place.
     assert os.stat(path).st_ino == inode
+
+
+def test_left_unset_a_process_alone_waits_on_its_own_and_shares_the_watcher_while_others_listen(
+    engine: sa.Engine,
+    table: sa.Table,
+    db_url: str,
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    # The setting left unset; a safety interval of an hour: a delivery comes from a wake-up.
+    listening = make_pubsub(auto_trim=False, safety_interval=NEVER)
+    got: list[bytes] = []
+    listening.subscribe("room", got.append)
+    wait_for(lambda: listening.health().polls > 0, timeout=30)
+    assert listening.health().wake_mode == "adaptive"
+    publisher = make_pubsub(auto_trim=False, heartbeat_interval=0)
+    sent: list[bytes] = []
+    stop = threading.Event()
+
+    def broadcast() -> None:  # a message every few milliseconds, through every change
+        n = 0
+        while not stop.is_set():
+            publisher.broadcast("room", str(n))
+            sent.append(str(n).encode())
+            n += 1
+            time.sleep(0.004)
+
+    sender = threading.Thread(target=broadcast)
+    sender.start()
+    other = None
+    try:
+        wait_for(lambda: len(got) > 20, timeout=30)
+        other = Proc([MEMBER, db_url, table.name, "auto"])
+        other.expect("READY", timeout=30)
+        command(other, "sub elsewhere")
+        # A second listener of the table on this host: both share one watcher.
+        wait_for(lambda: listening.health().wake_mode == "host_bells", timeout=30)
+        wait_for(lambda: "other processes of the host listen too" in stats(other)["detail"])
+        # By the server's own list: one statement waits on the table for the host, where
+        # two processes waiting on their own would send two.
+        samples = []
+        for _ in range(20):
+            samples.append(waiting_statements(engine, table))
+            time.sleep(0.05)
+        assert max(samples) == 1, samples
+        marker = len(got)
+        wait_for(lambda: len(got) > marker + 20, timeout=30)  # delivered while shared
+        other.send("quit")
+        assert other.finish(timeout=30) == 0
+        other = None
+        # Alone again: back to its own wait.
+        wait_for(lambda: listening.health().wake_mode == "adaptive", timeout=30)
+        marker = len(got)
+        wait_for(lambda: len(got) > marker + 20, timeout=30)
+    finally:
+        stop.set()
+        sender.join()
+        if other is not None:
+            other.popen.kill()
+            other.popen.wait(30)
+    # Every message, once, in order, across both changes.
+    wait_for(lambda: len(got) >= len(sent), timeout=30)
+    assert got == sent
+    hint = listening._listener._hint  # type: ignore[union-attr]
+    assert isinstance(hint, HostAutoHint) and hint.changes == 2
+
+
+def test_a_forked_child_is_a_listener_of_its_own(backend: str, tmp_path: Path) -> None:
+    path = str(tmp_path / "t.members")
+    parent = HostPresence(path)
+    assert parent.others() is False  # alone
+    answer_r, answer_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: asks with what it inherited, then waits to be told to go
+        try:
+            os.close(answer_r)
+            os.close(go_w)
+            # Asked on the parent's descriptor, its lock would be the parent's: "alone".
+            os.write(answer_w, repr(parent.others()).encode())
+            os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    os.close(answer_w)
+    os.close(go_r)
+    try:
+        assert os.read(answer_r, 16) == b"True"  # the parent listens
+        assert parent.others() is True  # and so does the child
+    finally:
+        os.close(go_w)
+        os.close(answer_r)
+        os.waitpid(pid, 0)
+    assert parent.others() is False
+    parent.leave()

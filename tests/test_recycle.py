@@ -52,7 +52,9 @@ def listener_connections(pubsub: PubSub, engine: sa.Engine, backend: str) -> set
         listener = pubsub._listener
         assert listener is not None
         ids = set()
-        wait = getattr(listener._hint, "_wait", None)
+        # Alone on the host, a listener with the host watch unset waits on its own.
+        hint = getattr(listener._hint, "current", listener._hint)
+        wait = getattr(hint, "_wait", None)
         for driver_conn in (listener._reads._conn, wait._conn if wait is not None else None):
             if driver_conn is not None:
                 ids.add(int(driver_conn.thread_id()))

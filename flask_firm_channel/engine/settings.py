@@ -69,9 +69,10 @@ def trim_batch_size(value: Any, name: str = "batch_size") -> int:
     return positive_int(value, name, MAX_TRIM_BATCH_SIZE)
 
 
-def _flag(value: Any, name: str) -> bool:
+def _flag(value: Any, name: str, *, unset: bool = False) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, not {value!r}")
+        allowed = "True, False or None" if unset else "True or False"
+        raise TypeError(f"{name} must be {allowed}, not {value!r}")
     return value
 
 
@@ -135,9 +136,11 @@ class Settings:
     #: MySQL/MariaDB on Linux: one listening process per host watches the table for all the
     #: host's listening processes (elected with a file lock) and wakes, through a file per
     #: bucket of channels (inotify), only those that follow a message's channel; the server
-    #: pays for one watcher per host instead of one wait per process. Off: each process
-    #: waits on its own channels.
-    host_watch: bool = False
+    #: pays for one watcher per host instead of one wait per process. None (unset): so while
+    #: other processes of the host listen to the table, and a process alone waits on its own
+    #: channels (cheaper and faster for one). True: always. False: each process waits on its
+    #: own channels.
+    host_watch: bool | None = None
     names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -168,8 +171,10 @@ class Settings:
             )
         trim_batch_size(self.trim_batch_size, label("trim_batch_size"))
         positive_int(self.max_payload_size, label("max_payload_size"), MAX_PAYLOAD_LIMIT)
-        for name in ("auto_trim", "wake_hints", "sqlite_wal", "host_watch"):
+        for name in ("auto_trim", "wake_hints", "sqlite_wal"):
             _flag(getattr(self, name), label(name))
+        if self.host_watch is not None:
+            _flag(self.host_watch, label("host_watch"), unset=True)
         if self.listen_url is not None:
             _check_url(self.listen_url, label("listen_url"))
 

@@ -23,7 +23,7 @@ from sqlalchemy import Engine, Table
 
 from ..settings import Settings
 from .base import Dialect, HintHealth, WakeHint
-from .mysql import AdaptivePollHint, HostBellHint, MySQLDialect, usable_here
+from .mysql import AdaptivePollHint, HostAutoHint, HostBellHint, MySQLDialect, usable_here
 from .postgresql import NotifyHint, PostgreSQLDialect
 from .sqlite import DataVersionHint, SQLiteDialect
 
@@ -67,6 +67,11 @@ def make_hint(
     kind = dialect.wake_kind if settings.wake_hints else "poll"
     if kind == "data_version" and dialect.memory_database():
         kind = "poll"  # one in-memory database per process: the local wake-up is enough
-    if kind == "adaptive" and settings.host_watch and usable_here(dialect.engine):
-        return HostBellHint(dialect.engine, table, settings, interested, dialect)
+    if kind == "adaptive" and settings.host_watch is not False:
+        # On: always the host's watcher. Unset: the watcher while other processes of the
+        # host listen to the table, the process's own wait while it is alone.
+        asked = settings.host_watch is True
+        if usable_here(dialect.engine, asked=asked):
+            shared = HostBellHint if asked else HostAutoHint
+            return shared(dialect.engine, table, settings, interested, dialect)
     return _HINTS[kind](dialect.engine, table, settings, interested, dialect)

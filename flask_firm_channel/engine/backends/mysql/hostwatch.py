@@ -332,22 +332,22 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def usable_here(engine: Engine) -> bool:
-    """Whether this process can share a host watcher: inotify, and a directory of its own
-    (a WARNING says why not, and the listener waits on its own)."""
+def usable_here(engine: Engine, *, asked: bool = True) -> bool:
+    """Whether this process can share a host watcher: inotify, and a directory of its own.
+    When not, the listener waits on its own, and says why: in a WARNING if the watch was
+    ``asked`` for, else (the setting left unset) at INFO."""
     from ..base.filewatch import FileWatch
 
+    say = log.warning if asked else log.info
     watch = FileWatch.empty()
     if watch is None:
-        log.warning("firm-channel host watch: inotify is not available here, each process waits")
+        say("firm-channel host watch: inotify is not available here, each process waits")
         return False
     watch.close()
     directory = host_dir(engine)
     problem = _unsafe(directory)
     if problem is not None:
-        log.warning(
-            "firm-channel host watch: %s %s; each process waits on its own", directory, problem
-        )
+        say("firm-channel host watch: %s %s; each process waits on its own", directory, problem)
         return False
     return True
 
