@@ -48,6 +48,13 @@ def fleet_contenders() -> list[Contender]:
         Contender("ours/postgres", "ours", "postgres", "ours PostgreSQL"),
         Contender("ours/mariadb", "ours", "mariadb", "ours MariaDB"),
         Contender(
+            "ours/mariadb-own",
+            "ours",
+            "mariadb",
+            "ours MariaDB, own wait",
+            settings={"host_watch": False},
+        ),
+        Contender(
             "ours/mariadb-host",
             "ours",
             "mariadb",
