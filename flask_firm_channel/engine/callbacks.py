@@ -254,6 +254,8 @@ class CallbackRunner:
                 if self._quick_seq == seq:  # (after a rescue, another thread's call may run)
                     self._quick_since = self._quick_sub = None
                 rescued = seq in self._rescued
+                # Asked here rather than under the next pass's lock: one lock a call.
+                more = bool(quick)
             if rescued:
                 self._serve_rescued(sub, seq)
                 return True
@@ -261,6 +263,8 @@ class CallbackRunner:
                 self._slow(sub)
             elif sub.slow_calls:
                 sub.slow_calls = 0
+            if not more:
+                return False
 
     def _serve_rescued(self, sub: Subscription, seq: int) -> None:
         """This thread's call was rescued: serve ``sub``'s lane from here on."""

@@ -53,6 +53,9 @@ class Subscription:
     #: Its calls waiting to run on the listener thread (``callbacks.py``).
     quick: int = field(default=0, repr=False)
     _registry: SubscriptionRegistry | None = field(default=None, repr=False)
+    #: In its registry: from ``subscribe`` until :meth:`unsubscribe`. (An attribute, not a
+    #: property: every delivery reads it.)
+    active: bool = field(default=False, init=False, repr=False)
     hashes: frozenset[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,13 +66,10 @@ class Subscription:
         """The (first) channel."""
         return self.channels[0]
 
-    @property
-    def active(self) -> bool:
-        return self._registry is not None
-
     def unsubscribe(self) -> None:
         """Stop delivering to this callback. Idempotent."""
         registry, self._registry = self._registry, None
+        self.active = False
         if registry is not None:
             registry.remove(self)
 
@@ -101,7 +101,7 @@ class SubscriptionRegistry:
 
     def add(self, subscription: Subscription) -> None:
         with self._lock:
-            subscription._registry = self
+            subscription._registry, subscription.active = self, True
             for channel in subscription.channels:
                 self._by_channel.setdefault(channel, []).append(subscription)
             self._subs[id(subscription)] = subscription
@@ -121,7 +121,7 @@ class SubscriptionRegistry:
             if removed:
                 del self._subs[id(subscription)]
                 self._changed()
-        subscription._registry = None
+        subscription._registry, subscription.active = None, False
 
     def remove_callback(self, channel: bytes, callback: Callback) -> int:
         """Remove every subscription of ``callback`` on ``channel``; return how many.
