@@ -97,6 +97,27 @@ class _Lane:
         self.held: list[Call] = []
 
 
+class _Stop:
+    """What the watch thread sleeps on between its looks: ``threading.Event``'s ``set`` and
+    ``wait`` for one waiter that ends once it is set. ``wait`` is a timed ``acquire`` of a
+    lock that ``set`` releases, one call into C, where ``Event.wait`` runs a ``Condition``'s
+    Python (a lock made, queued, released and taken back): thousands of instructions, ten
+    times a second while calls run on the listener thread."""
+
+    def __init__(self) -> None:
+        self._unset = threading.Lock()
+        self._unset.acquire()
+
+    def set(self) -> None:
+        try:
+            self._unset.release()
+        except RuntimeError:
+            pass  # set before
+
+    def wait(self, timeout: float) -> bool:
+        return self._unset.acquire(timeout=timeout)
+
+
 def _nothing(sub: Subscription) -> None:
     pass
 
@@ -149,7 +170,7 @@ class CallbackRunner:
         self._watch: threading.Thread | None = None
         self._watch_parked = False
         self._watch_wake = threading.Event()
-        self._watch_stop = threading.Event()
+        self._watch_stop = _Stop()
         #: Held only around queue bookkeeping, never across a callback (``fork`` takes it).
         self._lock = threading.Lock()
         self._lanes: dict[int, _Lane] = {}
@@ -528,7 +549,7 @@ class CallbackRunner:
         self._threads = set()
         self._holding = []
         self._watch, self._watch_parked = None, False
-        self._watch_wake, self._watch_stop = threading.Event(), threading.Event()
+        self._watch_wake, self._watch_stop = threading.Event(), _Stop()
         self._quick_since, self._quick_sub = None, None
         drained: list[Subscription] = []
         with self._lock:
