@@ -469,8 +469,12 @@ class Listener:
             if rung or not readable or self._stopping or registry.snapshot() is not snap:
                 return rung, readable, None
             assert self._high_water is not None
-            with lock:
+            # (acquire() and release(), not ``with``: see CallbackRunner.submit.)
+            lock.acquire()
+            try:
                 rows = hint.carry(self._high_water, snap.hash_set)
+            finally:
+                lock.release()
             if isinstance(rows, bool):
                 return False, True, rows
             if rows:
