@@ -285,7 +285,8 @@ class CallbackRunner:
                 if self._quick_seq == seq:  # (after a rescue, another thread's call may run)
                     self._quick_since = self._quick_sub = None
                 rescued = seq in self._rescued
-                # Asked here rather than under the next pass's lock: one lock a call.
+                # Asked under the lock that ends the call: the last call of a release takes
+                # no third lock to find the queue empty.
                 more = bool(quick)
             finally:
                 lock.release()
