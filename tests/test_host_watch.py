@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,31 @@ def test_what_committed_before_the_first_watcher_began_is_rung_for(
     wait_for(lambda: got == [b"before"], timeout=30)
 
 
+@contextmanager
+def forked_child(say: Callable[[], bytes]) -> Iterator[bytes]:
+    """A forked child that runs ``say`` (its fork handlers have run by then), hands its answer
+    to the parent, and lives on, with whatever it inherited, until the block ends."""
+    answer_r, answer_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(answer_r)
+            os.close(go_w)
+            os.write(answer_w, say())
+            os.read(go_r, 1)
+        finally:
+            os._exit(0)
+    os.close(answer_w)
+    os.close(go_r)
+    try:
+        yield os.read(answer_r, 64)
+    finally:
+        os.close(go_w)
+        os.close(answer_r)
+        os.waitpid(pid, 0)
+
+
 def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table: sa.Table) -> None:
     from flask_firm_channel.engine.backends import dialect_for
 
@@ -240,21 +266,9 @@ def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table
     parent = HostWatcher(engine, table, dialect, bells, commit_grace=5.0)  # type: ignore[arg-type]
     parent.start()
     wait_for(lambda: parent.leading, timeout=30)
-    read, write = os.pipe()
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: hold on, with whatever it inherited, until told to go
-        try:
-            os.close(write)
-            # Its fork handlers have run by the time fork returns here.
-            os.write(ready_w, b"r")
-            os.read(read, 1)
-        finally:
-            os._exit(0)
-    os.close(read)
-    os.close(ready_w)
-    try:
-        assert os.read(ready_r, 1) == b"r"
+    # The child holds on, with whatever it inherited, until the block ends.
+    with forked_child(lambda: b"r") as said:
+        assert said == b"r"
         parent.close()
         # The parent let go and the child lives on: another holder can take the lock.
         fd = os.open(parent.lock_path, os.O_RDWR)
@@ -262,10 +276,6 @@ def test_a_forked_child_does_not_keep_its_parents_watch(engine: sa.Engine, table
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
-    finally:
-        os.close(write)
-        os.close(ready_r)
-        os.waitpid(pid, 0)
 
 
 @pytest.mark.parametrize(("setting", "level"), [(True, logging.WARNING), (None, logging.INFO)])
@@ -437,26 +447,9 @@ def test_a_forked_child_is_a_listener_of_its_own(backend: str, tmp_path: Path) -
     path = str(tmp_path / "t.members")
     parent = HostPresence(path)
     assert parent.others() is False  # alone
-    answer_r, answer_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: asks with what it inherited, then waits to be told to go
-        try:
-            os.close(answer_r)
-            os.close(go_w)
-            # Asked on the parent's descriptor, its lock would be the parent's: "alone".
-            os.write(answer_w, repr(parent.others()).encode())
-            os.read(go_r, 1)
-        finally:
-            os._exit(0)
-    os.close(answer_w)
-    os.close(go_r)
-    try:
-        assert os.read(answer_r, 16) == b"True"  # the parent listens
+    # Asked on the parent's descriptor, the child's lock would be the parent's: "alone".
+    with forked_child(lambda: repr(parent.others()).encode()) as said:
+        assert said == b"True"  # the parent listens
         assert parent.others() is True  # and so does the child
-    finally:
-        os.close(go_w)
-        os.close(answer_r)
-        os.waitpid(pid, 0)
     assert parent.others() is False
     parent.leave()
