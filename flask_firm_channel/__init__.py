@@ -26,7 +26,7 @@ from .engine import (
     channel_hash,
     message_table,
 )
-from .extension import FirmChannel
+from .extension import FirmChannel, Listening
 from .serving import end_streams_on_sigterm
 from .sse import HISTORY_TRIMMED_EVENT
 
@@ -36,6 +36,7 @@ __all__ = [
     "Cursor",
     "FirmChannel",
     "HistoryTrimmed",
+    "Listening",
     "Message",
     "MissingTableError",
     "ListenerHealth",

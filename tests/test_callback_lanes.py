@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from flask_firm_channel.engine.callbacks import FAST, SLOW_CALLS, STUCK, CallbackRunner
-from flask_firm_channel.engine.subscriptions import Subscription, SubscriptionRegistry
+from flask_firm_channel.engine.subscriptions import Subscriber, SubscriptionRegistry
 
 from .conftest import wait_for
 
@@ -21,8 +21,8 @@ def _lane_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "firm-channel-callbacks"]
 
 
-def _subscription(callback: Any) -> Subscription:
-    sub = Subscription((b"lanes",), callback, anchor=0)
+def _subscription(callback: Any) -> Subscriber:
+    sub = Subscriber((b"lanes",), callback, anchor=0)
     SubscriptionRegistry().add(sub)
     return sub
 
@@ -151,7 +151,7 @@ def test_a_second_rescue_while_the_first_stuck_call_runs_leaves_each_thread_its_
     threads: dict[str, threading.Thread] = {}
     rescued: list[threading.Thread] = []
 
-    def loop(name: str, items: list[tuple[Subscription, str]]) -> None:
+    def loop(name: str, items: list[tuple[Subscriber, str]]) -> None:
         for sub, value in items:
             runner.submit(sub, value, None)
         outcomes[name] = runner.release()
@@ -225,7 +225,7 @@ def test_a_forked_child_runs_what_its_parent_had_queued_and_held() -> None:
         runner.submit(quick, "quick", 4)
         # What a child finds: the parent's threads are gone, its queue and held calls stay.
         # (Here the parent's watch thread stays too: it is let go at the end.)
-        parent_watch = (runner._watch_wake, runner._watch_stop)
+        parent_watch = runner._watch
         runner.hold_for_fork()
         runner.release_after_fork()
         runner.after_fork_in_child()
@@ -236,8 +236,7 @@ def test_a_forked_child_runs_what_its_parent_had_queued_and_held() -> None:
     finally:
         gate.set()
         runner.close()
-        for event in parent_watch:
-            event.set()
+        parent_watch.close(2.0)
 
 
 def test_calls_run_on_the_listener_thread_only_while_they_come_fast() -> None:

@@ -199,3 +199,50 @@ def test_callback_threads_end_when_idle(make_pubsub: Callable[..., PubSub]) -> N
     pubsub.broadcast("idle", "y")
     wait_for(lambda: len(got) == 10)
     assert got[5:] == [b"y"] * 5
+
+
+def test_a_rescued_listener_thread_knows_it_no_longer_owns_the_loop(
+    make_pubsub: Callable[..., PubSub],
+) -> None:
+    """A callback run on the listener thread blocks: the loop moves to a new thread, and the
+    old one, asked from inside the callback, no longer owns it; once its call returns, it
+    leaves the loop's state alone (the listener stays open and delivering)."""
+    listening = make_pubsub(auto_trim=False)
+    publisher = make_pubsub(auto_trim=False)
+    runner = listening._callbacks
+    runner._rate.rate, runner._rate.inline = 0, True  # every call on the listener thread
+    release = threading.Event()
+    seen: dict[str, object] = {}
+    others: list[bytes] = []
+
+    def blocked(payload: bytes) -> None:
+        listener = listening._listener
+        assert listener is not None
+        seen["thread"] = threading.current_thread()
+        seen["owned before"] = listener._owns()
+        deadline = time.monotonic() + 10
+        while runner.rescues == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen["owned after"] = listener._owns()
+        release.wait(30)
+
+    listening.subscribe("owned", blocked)
+    listening.subscribe("owned", others.append)
+    try:
+        publisher.broadcast("owned", "first")
+        wait_for(lambda: "owned after" in seen)
+        assert seen["owned before"] is True
+        assert seen["owned after"] is False, "the stuck thread still owns the loop"
+        listener = listening._listener
+        assert listener is not None and listener._thread is not seen["thread"]
+        assert listener.alive and listener._owner is listener._thread
+        publisher.broadcast("owned", "while stuck")
+        wait_for(lambda: others == [b"first", b"while stuck"])
+    finally:
+        release.set()
+    stuck = seen["thread"]
+    assert isinstance(stuck, threading.Thread)
+    wait_for(lambda: not stuck.is_alive())
+    publisher.broadcast("owned", "after")
+    wait_for(lambda: others == [b"first", b"while stuck", b"after"])
+    assert listening.health().running and listening.listening

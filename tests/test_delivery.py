@@ -301,12 +301,12 @@ def test_subscription_made_while_the_table_was_missing_gets_later_messages(
     received: list[bytes] = []
     try:
         sub = pubsub.subscribe("late-table", received.append)
-        assert sub.anchor is None
+        assert sub._subscriber.anchor is None
         table.create(engine)
         pubsub.broadcast("late-table", "first")
         pubsub.start()
         wait_for(lambda: received == [b"first"])
-        assert sub.anchor == 0
+        assert sub._subscriber.anchor == 0
     finally:
         pubsub.close()
         table.drop(engine, checkfirst=True)

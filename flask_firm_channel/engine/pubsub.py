@@ -27,7 +27,7 @@ from .listener import Listener
 from .message import HistoryTrimmed, Message
 from .publish import Publisher
 from .settings import Duration, Settings
-from .subscriptions import Callback, Subscription, SubscriptionRegistry
+from .subscriptions import Callback, Subscriber, Subscription, SubscriptionRegistry
 from .trim import Trimmer
 from .validate import encode_channel, encode_message, encode_messages
 
@@ -123,7 +123,7 @@ class PubSub:
             raise_as_dbapi_error(exc, self.dialect, self.table.name)
         with self._count_lock:
             self._broadcasts += len(rows)
-        followed = self._registry.snapshot().by_channel
+        followed = self._registry.snapshot.by_channel
         # A broadcasting process that follows nothing (the common web worker) skips the scan.
         if connection is None and followed and any(channel in followed for channel, _ in rows):
             self._wake_listener()
@@ -162,11 +162,13 @@ class PubSub:
         transactions race (then a lower id that commits later comes later).
 
         ``callback`` is called one message at a time, in order: on the listener thread while
-        it is quick, on a ``firm-channel-callbacks`` thread of this subscription's own once it
-        has held the listener for ``STUCK`` (0.1 s; the listener goes on on a new thread at
-        once) or taken more than ``FAST`` (2 ms) in ``SLOW_CALLS`` (5) calls in a row (see
-        ``callbacks.py``). So a callback that blocks or raises delays no other subscription
-        and no stream but once, by 0.1 s. Past ``LANE_LIMIT`` (10,000) messages waiting for
+        it is quick and messages come at ``INLINE_RATE`` (40) a second or more, otherwise on a
+        ``firm-channel-callbacks`` thread of this subscription's own, which it keeps for good
+        once it has held the listener for ``STUCK`` (0.1 s; the listener goes on on a new
+        thread at once) or taken more than ``FAST`` (2 ms) in ``SLOW_CALLS`` (5) calls in a
+        row (see ``callbacks/``). So a callback that blocks delays no other subscription but
+        once, by 0.1 s, and no stream ever; one that raises is logged and counted
+        (``calls.py``) and keeps its subscription. Past ``LANE_LIMIT`` (10,000) messages waiting for
         it, it takes no more from memory: once it is done with those, it catches up from the
         table, then goes live again, losing nothing unless the messages were trimmed meanwhile
         (logged, and counted in ``health().callback_dropped``).
@@ -175,7 +177,7 @@ class PubSub:
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
         ch = encode_channel(channel)
         self._check_open()
-        return self._add(Subscription((ch,), callback, anchor=self._current_max_id()))
+        return self._add(Subscriber((ch,), callback, anchor=self._current_max_id()))
 
     def subscribe_messages(
         self,
@@ -196,9 +198,9 @@ class PubSub:
         :class:`HistoryTrimmed` comes first when some of them were already trimmed.
         ``on_end()`` is called once when this PubSub closes.
 
-        ``callback`` runs on a thread of its own subscription (see :meth:`subscribe`);
-        ``inline=True`` calls it on the listener thread instead, for a callback that never
-        blocks or raises (appending to a queue, as the fan-out's consumers do).
+        ``callback`` runs as :meth:`subscribe`'s do; ``inline=True`` always calls it on the
+        listener thread itself, for a callback that never blocks (appending to a queue, as
+        the fan-out's consumers do).
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, not {type(callback).__name__}")
@@ -210,7 +212,7 @@ class PubSub:
         resume = None if after is None else Cursor.parse(after)
         self._check_open()
         anchor = self._current_max_id() if resume is None else resume.high
-        sub = Subscription(
+        sub = Subscriber(
             encoded,
             callback,
             anchor=anchor,
@@ -225,16 +227,16 @@ class PubSub:
         if self._closed:
             raise RuntimeError("this PubSub is closed; subscribe before close()")
 
-    def _add(self, sub: Subscription) -> Subscription:
-        self._registry.add(sub)
+    def _add(self, sub: Subscriber) -> Subscription:
+        handle = self._registry.add(sub)
         if self.autostart:
             self.start()
-        # The listener catches a new subscription up on its next poll: make that now.
+        # The listener catches a new subscriber up on its next poll: make that now.
         if self._listener is not None:
             self._listener.wake()
-        return sub
+        return handle
 
-    def _catch_up(self, sub: Subscription) -> None:
+    def _catch_up(self, sub: Subscriber) -> None:
         """``sub`` fell behind and its lane has drained: the listener catches it up next."""
         self._registry.catch_up(sub)
         listener = self._listener
@@ -277,7 +279,7 @@ class PubSub:
             resume = resume or self._listener
 
             def interested(hash_: int) -> bool:
-                return hash_ in self._registry.snapshot().hash_set
+                return hash_ in self._registry.snapshot.hash_set
 
             hint = make_hint(self.dialect, self.table, self.settings, interested)
             listener = Listener(
@@ -302,7 +304,7 @@ class PubSub:
             s.heartbeat_interval,
             self._publisher.publish,
             self.health,
-            lambda: list(self._registry.snapshot().by_channel),
+            lambda: list(self._registry.snapshot.by_channel),
             streams=lambda: self.stream_stats(),
             settings={
                 "polling_interval": s.polling_interval,

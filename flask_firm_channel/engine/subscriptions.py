@@ -1,10 +1,16 @@
-"""Who listens to what in this process: subscriptions grouped by exact channel bytes."""
+"""Who listens to what in this process: subscriptions grouped by exact channel bytes.
+
+A :class:`Subscription` is what a caller holds: a handle with the channel, whether it is still
+active, and :meth:`~Subscription.unsubscribe`. What the engine keeps about it (where it reads
+from, whether its callback runs on a lane of its own) is its :class:`Subscriber`, which only
+the engine sees.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -14,52 +20,79 @@ from .table import channel_hash, utcnow
 Callback = Callable[[bytes], object]
 
 
-@dataclass(eq=False)
-class Subscription:
-    """A handle returned by ``subscribe``; :meth:`unsubscribe` stops delivery to it.
+class Subscriber:
+    """The engine's record of one subscription.
 
-    A payload subscription's callback gets the payload bytes; a message subscription's
+    A payload subscriber's callback gets the payload bytes; a message subscriber's
     (``wants_messages``) gets a :class:`~.message.Message` with its resume cursor.
     """
 
-    channels: tuple[bytes, ...]
-    callback: Callable[[Any], object]
-    #: Only messages with an id above this are delivered ("from now on"). ``None`` until the
-    #: listener has read the table's current maximum id.
-    anchor: int | None = None
-    #: When the subscription was made (naive UTC, like ``created_at``).
-    since: datetime = field(default_factory=utcnow)
-    wants_messages: bool = False
-    #: Resumed from this cursor: its gaps (ids below ``anchor``) are delivered too, if they
-    #: commit, and the listener replays the rows after it before going live.
-    resume: Cursor | None = None
-    on_end: Callable[[], object] | None = None
-    #: The callback never blocks (a fan-out queue's append): it is called on the listener
-    #: thread itself. Every other callback runs on its own lane (``callbacks.py``).
-    inline: bool = False
-    #: Set by the listener once it has caught this subscription up to its read position;
-    #: live rows are dispatched to it from then on.
-    started: bool = False
-    #: Set by the listener when the subscription's lane refused a row (``LANE_LIMIT``
-    #: calls waiting): it takes no live rows until its lane has drained and the listener
-    #: has caught it up again from ``resume``, the cursor before the refused row.
-    behind: bool = False
-    #: How many times it fell behind (and caught up from the table).
-    catchups: int = 0
-    #: Its calls go to its lane's thread for good: one held the listener thread, or took
-    #: long in several calls in a row (``callbacks.py``); and how many in a row did so far.
-    on_lane: bool = False
-    slow_calls: int = field(default=0, repr=False)
-    #: Its calls waiting to run on the listener thread (``callbacks.py``).
-    quick: int = field(default=0, repr=False)
-    _registry: SubscriptionRegistry | None = field(default=None, repr=False)
-    #: In its registry: from ``subscribe`` until :meth:`unsubscribe`. (An attribute, not a
-    #: property: every delivery reads it.)
-    active: bool = field(default=False, init=False, repr=False)
-    hashes: frozenset[int] = field(init=False, repr=False)
+    __slots__ = (
+        "channels",
+        "hashes",
+        "callback",
+        "since",
+        "wants_messages",
+        "on_end",
+        "inline",
+        "active",
+        "anchor",
+        "resume",
+        "started",
+        "behind",
+        "catchups",
+        "on_lane",
+        "slow_calls",
+        "quick",
+        "_registry",
+    )
 
-    def __post_init__(self) -> None:
-        self.hashes = frozenset(channel_hash(ch) for ch in self.channels)
+    def __init__(
+        self,
+        channels: tuple[bytes, ...],
+        callback: Callable[[Any], object],
+        *,
+        anchor: int | None = None,
+        wants_messages: bool = False,
+        resume: Cursor | None = None,
+        on_end: Callable[[], object] | None = None,
+        inline: bool = False,
+    ) -> None:
+        self.channels = channels
+        self.hashes = frozenset(channel_hash(ch) for ch in channels)
+        self.callback = callback
+        #: When the subscription was made (naive UTC, like ``created_at``).
+        self.since: datetime = utcnow()
+        self.wants_messages = wants_messages
+        self.on_end = on_end
+        #: The callback never blocks (a fan-out queue's append): it is called on the listener
+        #: thread itself. Every other callback runs as ``callbacks.py`` decides.
+        self.inline = inline
+        #: In its registry: from ``subscribe`` until it is removed. (An attribute, not a
+        #: property: every delivery reads it.)
+        self.active = False
+        #: Only messages with an id above this are delivered ("from now on"). ``None`` until
+        #: the table's current maximum id could be read.
+        self.anchor = anchor
+        #: Resumed from this cursor: its gaps (ids below ``anchor``) are delivered too, if they
+        #: commit, and the listener replays the rows after it before going live.
+        self.resume = resume
+        #: Set by the listener once it has caught this subscriber up to its read position;
+        #: live rows are dispatched to it from then on.
+        self.started = False
+        #: Set when its lane refused a row (``LANE_LIMIT`` calls waiting): it takes no live
+        #: rows until its lane has drained and the listener has caught it up again from
+        #: ``resume``, the cursor before the refused row.
+        self.behind = False
+        #: How many times it fell behind (and caught up from the table).
+        self.catchups = 0
+        #: Its calls go to its lane's thread for good (``callbacks.py``), and how many slow
+        #: calls in a row it made so far.
+        self.on_lane = False
+        self.slow_calls = 0
+        #: Its calls waiting to run on the listener thread (``callbacks.py``).
+        self.quick = 0
+        self._registry: SubscriptionRegistry | None = None
 
     @property
     def channel(self) -> bytes:
@@ -73,6 +106,47 @@ class Subscription:
         if registry is not None:
             registry.remove(self)
 
+    def __repr__(self) -> str:
+        return f"<Subscriber {self.channel!r} anchor={self.anchor} started={self.started}>"
+
+
+class Subscription:
+    """What ``subscribe`` returns: :meth:`unsubscribe` stops delivery to its callback.
+
+    ``channel`` is the channel (bytes, as stored), ``active`` whether it still receives.
+    """
+
+    __slots__ = ("_subscriber",)
+    _subscriber: Subscriber
+
+    @classmethod
+    def _of(cls, subscriber: Subscriber) -> Subscription:
+        handle = cls.__new__(cls)
+        handle._subscriber = subscriber
+        return handle
+
+    @property
+    def channel(self) -> bytes:
+        """The channel this subscription receives (the first, for several)."""
+        return self._subscriber.channel
+
+    @property
+    def channels(self) -> tuple[bytes, ...]:
+        return self._subscriber.channels
+
+    @property
+    def active(self) -> bool:
+        """True from ``subscribe`` until :meth:`unsubscribe` (or the extension closes)."""
+        return self._subscriber.active
+
+    def unsubscribe(self) -> None:
+        """Stop delivering to this callback. Idempotent; any thread."""
+        self._subscriber.unsubscribe()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "inactive"
+        return f"<Subscription {self.channel.decode('utf-8', 'replace')!r} {state}>"
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -80,48 +154,51 @@ class Snapshot:
 
     version: int
     hashes: tuple[int, ...]
-    by_channel: dict[bytes, tuple[Subscription, ...]]
+    by_channel: dict[bytes, tuple[Subscriber, ...]]
     hash_set: frozenset[int] = frozenset()
-    #: Every subscription once, in the order they were made.
-    subs: tuple[Subscription, ...] = ()
+    #: Every subscriber once, in the order they were made.
+    subs: tuple[Subscriber, ...] = ()
 
-    def pending(self) -> list[Subscription]:
+    def unanchored(self) -> list[Subscriber]:
         return [s for s in self.subs if s.anchor is None]
 
 
 class SubscriptionRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_channel: dict[bytes, list[Subscription]] = {}
-        self._subs: dict[int, Subscription] = {}
+        self._by_channel: dict[bytes, list[Subscriber]] = {}
+        self._subs: dict[int, Subscriber] = {}
         self._version = 0
-        self._snapshot = Snapshot(0, (), {})
+        #: The subscribers now, as an immutable :class:`Snapshot`: replaced (never changed)
+        #: whenever one comes or goes, so a reader needs no lock.
+        self.snapshot = Snapshot(0, (), {})
         #: Added since the listener last looked (see :meth:`take_added`).
-        self._added: list[Subscription] = []
+        self._added: list[Subscriber] = []
 
-    def add(self, subscription: Subscription) -> None:
+    def add(self, subscriber: Subscriber) -> Subscription:
         with self._lock:
-            subscription._registry, subscription.active = self, True
-            for channel in subscription.channels:
-                self._by_channel.setdefault(channel, []).append(subscription)
-            self._subs[id(subscription)] = subscription
-            self._added.append(subscription)
+            subscriber._registry, subscriber.active = self, True
+            for channel in subscriber.channels:
+                self._by_channel.setdefault(channel, []).append(subscriber)
+            self._subs[id(subscriber)] = subscriber
+            self._added.append(subscriber)
             self._changed()
+        return Subscription._of(subscriber)
 
-    def remove(self, subscription: Subscription) -> None:
+    def remove(self, subscriber: Subscriber) -> None:
         with self._lock:
             removed = False
-            for channel in subscription.channels:
+            for channel in subscriber.channels:
                 subs = self._by_channel.get(channel, [])
-                if subscription in subs:
-                    subs.remove(subscription)
+                if subscriber in subs:
+                    subs.remove(subscriber)
                     removed = True
                     if not subs:
                         del self._by_channel[channel]
             if removed:
-                del self._subs[id(subscription)]
+                del self._subs[id(subscriber)]
                 self._changed()
-        subscription._registry, subscription.active = None, False
+        subscriber._registry, subscriber.active = None, False
 
     def remove_callback(self, channel: bytes, callback: Callback) -> int:
         """Remove every subscription of ``callback`` on ``channel``; return how many.
@@ -138,29 +215,26 @@ class SubscriptionRegistry:
             sub.unsubscribe()
         return len(matches)
 
-    def take_added(self) -> list[Subscription]:
-        """The subscriptions added since the last call, still active, oldest first."""
+    def take_added(self) -> list[Subscriber]:
+        """The subscribers added since the last call, still active, oldest first."""
         with self._lock:
             added, self._added = self._added, []
         return [s for s in added if s.active]
 
-    def catch_up(self, subscription: Subscription) -> None:
-        """Hand ``subscription`` to the listener again, as if new: it fell behind, its lane
+    def catch_up(self, subscriber: Subscriber) -> None:
+        """Hand ``subscriber`` to the listener again, as if new: it fell behind, its lane
         has drained, and the listener catches it up from its resume cursor."""
         with self._lock:
-            if subscription.active:
-                self._added.append(subscription)
+            if subscriber.active:
+                self._added.append(subscriber)
 
-    def clear(self) -> list[Subscription]:
-        """Remove every subscription; return them."""
+    def clear(self) -> list[Subscriber]:
+        """Remove every subscriber; return them."""
         with self._lock:
-            subs = list(self._snapshot.subs)
+            subs = list(self.snapshot.subs)
         for sub in subs:
             sub.unsubscribe()
         return subs
-
-    def snapshot(self) -> Snapshot:
-        return self._snapshot
 
     def __len__(self) -> int:
         return len(self._subs)
@@ -169,7 +243,7 @@ class SubscriptionRegistry:
         self._version += 1
         by_channel = {ch: tuple(subs) for ch, subs in self._by_channel.items()}
         hashes = tuple(sorted({channel_hash(ch) for ch in by_channel}))
-        self._snapshot = Snapshot(
+        self.snapshot = Snapshot(
             self._version, hashes, by_channel, frozenset(hashes), tuple(self._subs.values())
         )
 

@@ -1,0 +1,307 @@
+"""One poll: what the listener does when it wakes with something to take.
+
+A poll reads the table: it anchors subscribers that could not be anchored when they
+subscribed, follows the subscribed channels (telling the wake hint before it reads, so that
+what commits after the read is signalled), catches up new and resumed subscribers
+(``catchup.py``), reads what the read position asks for (``position.py``) and dispatches each
+row (``dispatch.py``), and, having found nothing, checks now and then whether the table went
+backwards.
+
+On PostgreSQL a message small enough travels in its NOTIFY. While the LISTEN connection has
+stayed up since the last read of the table, PostgreSQL notifies every commit on a followed
+channel, in commit order, so those messages are all there is: :meth:`Poller.take_carried`
+takes them through the same steps as rows read, without a read. Whether they can stand in for
+a read is one predicate, :meth:`Poller.carried_stand_in`, asked by both of the listener's
+ways of delivering them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from .backends import WakeHint
+from .backends.base.wake import Seen
+from .callbacks import CallbackRunner
+from .catchup import CatchUp
+from .dispatch import Dispatcher
+from .forkhold import DriverHold
+from .health import ListenerHealth
+from .position import NEW, ReadPosition
+from .reads import BATCH, Range, Reads, Row
+from .subscriptions import SubscriptionRegistry
+
+log = logging.getLogger("flask_firm_channel")
+
+#: A fresh gap of at most this many ids is settled at once by reading which of its ids are
+#: other channels' rows; a larger one (a quiet channel in a busy table) is left to be probed
+#: through the index until it expires, which costs no rows.
+FOREIGN_READ_LIMIT = 1000
+#: How often an idle listener checks whether the table went backwards (emptied, restored).
+RESET_CHECK_INTERVAL = 1.0
+#: Spans of ids looked up per statement.
+SPANS_PER_READ = 32
+
+
+def _nothing() -> None:
+    pass
+
+
+class Poller:
+    """One listener's polls. ``reads`` runs its statements (``reads.py``); ``on_start`` is
+    called once, when the read position starts; ``clock`` is the time (epoch seconds)."""
+
+    def __init__(
+        self,
+        reads: Reads,
+        registry: SubscriptionRegistry,
+        hint: WakeHint,
+        callbacks: CallbackRunner,
+        busy: DriverHold,
+        health: ListenerHealth,
+        *,
+        grace: float,
+        table_name: str,
+        on_start: Callable[[], None] = _nothing,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._registry = registry
+        self._hint = hint
+        self._busy = busy
+        self._health = health
+        self._table_name = table_name
+        self._on_start = on_start
+        self._clock = clock
+        self.reads = reads
+        self.position = ReadPosition(grace)
+        self.dispatch = Dispatcher(registry, self.position, callbacks, health)
+        self.catch_up = CatchUp(self.position, self.dispatch, self._read, self._bounds, health)
+        #: The last read found a full batch: poll again at once.
+        self.more = False
+        #: The hint's epoch and the subscriptions' version at the start of the last read of
+        #: the table that succeeded (None: the last one failed, or none yet).
+        self._covered: tuple[int, int] | None = None
+        #: ``id -> created_at`` of the rows the last poll that found any read: a NOTIFY of
+        #: one of them (its commit fell between the hint's LISTEN and that read) comes after
+        #: the read, and the message is delivered already.
+        self._just_read: dict[int, datetime] = {}
+        #: The followed hashes the wake hint was last told of.
+        self._hinted: frozenset[int] | None = None
+        self._last_reset_check = 0.0
+
+    def resume_from(self, previous: Poller) -> None:
+        """Go on from ``previous``'s read position (a forked child, see ``Listener``)."""
+        self.position = previous.position.copy()
+        self.dispatch.position = self.position
+        self.catch_up = CatchUp(
+            self.position, self.dispatch, self._read, self._bounds, self._health
+        )
+        self.catch_up.add(s for s in previous.catch_up.waiting if not s.started)
+
+    # -- carried messages -----------------------------------------------------------------
+
+    def carried_stand_in(self) -> bool:
+        """Whether what the hint carries is all there is to take: it has stood for the table
+        since the last read (the same connection, the same channels: its epoch and the
+        subscriptions' version are what they were then), and no subscriber waits for a
+        read of its own (catching up, or pending ids of a resumed cursor)."""
+        return (
+            self._covered is not None
+            and self._covered[0] == self._hint.epoch
+            and self._covered[1] == self._registry.snapshot.version
+            and not self.catch_up.waiting
+            and not self.position.pending
+            and self.position.high_water is not None
+        )
+
+    def forget_coverage(self) -> None:
+        """A read failed (or the loop restarted): carried messages stand in for nothing until
+        the next read succeeds."""
+        self._covered = None
+        self.more = False
+
+    def deliver_carried(self) -> int | None:
+        """Deliver what the hint carried without reading the table; return how many, or None
+        if it cannot stand in for a read: the hint may have missed some since the last read,
+        one came without its payload, or subscribers wait for a read of their own.
+
+        Carried messages go through the same steps as rows read: one above the high-water
+        mark opens a gap below it (its other channels' ids read once, as a poll would), a
+        late commit fills its gap, and one already seen is not delivered again."""
+        rows, uncarried = self._hint.take_carried()
+        if uncarried or not self.carried_stand_in():
+            return None
+        # A message the last poll read, notified after it (its commit fell between the
+        # hint's LISTEN and that read): delivered already.
+        rows = [row for row in rows if self._just_read.get(row.id) != row.created_at]
+        hw = self.position.high_water
+        assert hw is not None
+        for row in rows:
+            if row.id <= hw and not self.position.gaps.inside([row.id]):
+                # An id passed without a gap: read before, or the table went backwards (ids
+                # reset), which only a read of the table tells.
+                return None
+        self.take_carried(rows, self._hint.take_seen())
+        return len(rows)
+
+    def take_carried(self, rows: list[Row], seen: Seen | None = None) -> None:
+        """Take and dispatch messages the hint carried: the steps every carried message goes
+        through, whichever of the listener's loops got it."""
+        now = self._clock()
+        position = self.position
+        if position.gaps or position.pending:
+            position.expire(now)
+        self._take(rows, seen)
+        self._health.carried += len(rows)
+        self._health.last_poll_at = now
+
+    # -- a read of the table --------------------------------------------------------------
+
+    def poll(self) -> int:
+        """Read and dispatch what is new; return the number of rows read."""
+        self.forget_coverage()
+        # Taken before the snapshot, so every subscriber caught up below is part of the
+        # snapshot this poll reads with.
+        self.catch_up.add(self._registry.take_added())
+        snap = self._registry.snapshot
+        position = self.position
+        if not snap.hashes:
+            position.follow_nothing()
+            self.catch_up.clear()
+            self._tell_hint()
+            return 0
+        if position.needs_anchoring(snap):
+            with self._busy.lock:
+                max_id = self.reads.max_id() or 0
+                started = position.anchor(snap, max_id, self.reads.first_id_since)
+            if started:
+                self._on_start()
+        now = self._clock()
+        position.follow(snap, now)
+        self._tell_hint()
+        # What the hint carried so far committed before the reads below: they find it.
+        self._hint.take_carried()
+        self._hint.take_seen()
+        epoch = self._hint.epoch
+        read = self.catch_up.run(now)
+        read += self._read_new(now)
+        # Only now: a gap is given up once a read that began past its deadline did not find
+        # it (a listener held up for longer than the grace still reads it once more).
+        position.expire(now)
+        self._covered = (epoch, snap.version)
+        self._health.polls += 1
+        if read == 0:
+            self._check_for_reset()
+        self._health.last_poll_at = self._clock()
+        return read
+
+    def _read(self, ranges: list[Range], limit: int | None = BATCH) -> list[Row]:
+        with self._busy.lock:
+            rows = self.reads.rows(ranges, limit=limit)
+        self._health.rows_read += len(rows)
+        return rows
+
+    def _bounds(self) -> tuple[int | None, int | None]:
+        with self._busy.lock:
+            return self.reads.min_id(), self.reads.max_id()
+
+    def _read_new(self, now: float) -> int:
+        ranges = self.position.ranges()
+        open_ended = sum(1 for r in ranges if r.high is None)
+        settled = self._hint.settled()  # before the read, which then sees all of it
+        rows = self._read(ranges)
+        if rows:
+            self._just_read = {row.id: row.created_at for row in rows}
+        # An open-ended range that hit its limit stopped at its last row: nothing above that
+        # may be taken from any range yet, or the high-water mark would pass unread rows.
+        last_of: dict[int, int] = {}
+        count_of: dict[int, int] = {}
+        for row in rows:
+            if row.range < open_ended:
+                count_of[row.range] = count_of.get(row.range, 0) + 1
+                last_of[row.range] = row.id
+        full = [last_of[k] for k, n in count_of.items() if n >= BATCH]
+        if full:
+            cut = min(full)
+            rows = [row for row in rows if row.id <= cut]
+            self.more = True
+        self._take(rows, settled=settled)
+        return len(rows)
+
+    def _take(
+        self, rows: list[Row], seen: Seen | None = None, settled: tuple[int, int] | None = None
+    ) -> None:
+        """Take ``rows`` (read or carried, in the order found) and dispatch each as it is
+        taken. ``seen``: the ids the hint read with carried rows; ``settled``: the hint's
+        settled ids (:meth:`WakeHint.settled`) as they were before ``rows`` were read."""
+        position, deliver = self.position, self.dispatch.deliver
+        if position.is_next(rows):
+            for row in rows:  # (a busy channel's messages: no gap opens, nothing to look up)
+                position.high_water = row.id
+                deliver(row, NEW)
+            return
+        # Other channels' rows inside the gaps this batch opens are looked up before any
+        # dispatch, so a cursor handed out below never lists them as pending.
+        fresh = position.fresh_spans(rows, settled)
+        foreign = sorted(self._foreign_ids(fresh, seen)) if fresh else []
+        for row, late in position.take(rows, foreign, settled):
+            deliver(row, late)
+
+    def _foreign_ids(self, fresh: list[tuple[int, int]], seen: Seen | None) -> set[int]:
+        """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a
+        committed row never changes channel. Reading them once keeps the gap list short; a
+        gap too large to read (a quiet channel in a busy table) is probed instead. Gaps
+        within what the hint ``seen`` are not read: it lists every row there."""
+        wanted = self.position.wanted
+        foreign: set[int] = set()
+        if seen is not None:
+            low, high, ids = seen
+            foreign.update(i for i, h in ids if not wanted(h, i))
+            fresh = [(a, b) for a, b in fresh if not (low < a and b <= high)]
+        spans, budget = [], FOREIGN_READ_LIMIT
+        for start, end in fresh:
+            size = end - start + 1
+            if size <= budget:
+                spans.append((start, end))
+                budget -= size
+        for k in range(0, len(spans), SPANS_PER_READ):
+            with self._busy.lock:
+                found = self.reads.ids_between(spans[k : k + SPANS_PER_READ])
+            self._health.rows_read += len(found)
+            foreign.update(i for i, h in found if not wanted(h, i))
+        return foreign
+
+    # -- around the reads -----------------------------------------------------------------
+
+    def _tell_hint(self) -> None:
+        """Tell the hint what is followed now, before the table is read (see
+        :meth:`WakeHint.follow`)."""
+        followed = self.position.followed
+        if followed is not self._hinted:
+            self._hinted = followed
+            with self._busy.lock:
+                self._hint.follow(followed)
+
+    def _check_for_reset(self) -> None:
+        """Now and then, when a poll found nothing: has the table gone backwards?"""
+        now = self._clock()
+        if now - self._last_reset_check < RESET_CHECK_INTERVAL:
+            return
+        self._last_reset_check = now
+        with self._busy.lock:
+            max_id = self.reads.max_id()
+        high_water = self.position.high_water
+        assert high_water is not None
+        if max_id is None or max_id >= high_water:
+            return
+        log.warning(
+            "firm-channel table %s went backwards (max id %s < %s); re-anchoring",
+            self._table_name,
+            max_id,
+            high_water,
+        )
+        self._health.resets += 1
+        self.position.went_backwards(self._registry.snapshot.subs)
+        self.more = True  # read again at once, from zero

@@ -1,0 +1,143 @@
+"""A plain model of the message table for the property tests of the read position
+(``test_position_properties.py``): ids are handed out at INSERT, rows become visible at
+COMMIT, a rollback leaves a hole, a trim deletes old rows. It answers the listener's
+statements (``engine/reads.py``) the way the databases do, from a dict; the real backends are
+tested against the real servers everywhere else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from flask_firm_channel.engine.reads import BATCH, Range, Row
+from flask_firm_channel.engine.table import channel_hash
+
+#: Model time starts here (epoch seconds), as the engine's clock would read.
+START = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
+
+
+def at(t: float) -> datetime:
+    """Model time ``t`` (epoch seconds) as a naive-UTC ``created_at``."""
+    return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None)
+
+
+@dataclass
+class ModelRow:
+    id: int
+    channel: bytes
+    created: float
+    committed_at: float | None = None
+    rolled_back: bool = False
+    #: The test's step numbers of its commit and its trim (events at one model time are
+    #: ordered by step).
+    committed_step: int | None = None
+    trimmed_step: int | None = None
+
+    @property
+    def visible(self) -> bool:
+        return self.committed_at is not None and self.trimmed_step is None
+
+
+class ModelTable:
+    def __init__(self) -> None:
+        self.rows: dict[int, ModelRow] = {}
+        self._next_id = 1
+
+    # -- what the test does to it ---------------------------------------------------------
+
+    def insert(self, channel: bytes, now: float) -> int:
+        msg_id = self._next_id
+        self._next_id += 1
+        self.rows[msg_id] = ModelRow(msg_id, channel, now)
+        return msg_id
+
+    def commit(self, ids: list[int], now: float, step: int) -> None:
+        for i in ids:
+            self.rows[i].committed_at = now
+            self.rows[i].committed_step = step
+
+    def rollback(self, ids: list[int]) -> None:
+        for i in ids:
+            self.rows[i].rolled_back = True
+
+    def trim(self, before: float, step: int) -> None:
+        for row in self.rows.values():
+            if row.visible and row.created < before:
+                row.trimmed_step = step
+
+    def max_visible(self) -> int:
+        return max((r.id for r in self.rows.values() if r.visible), default=0)
+
+    # -- the listener's statements (``Reads``) --------------------------------------------
+
+    def _visible(self) -> list[ModelRow]:
+        return sorted((r for r in self.rows.values() if r.visible), key=lambda r: r.id)
+
+    def rows_of(self, ranges: Sequence[Range], *, limit: int | None = BATCH) -> list[Row]:
+        parts = [
+            (k, r) for k, r in enumerate(ranges) if r.hashes and (r.high is None or r.high > r.low)
+        ]
+        found: dict[int, Row] = {}
+        for k, r in parts:
+            hashes = set(r.hashes)
+            matched = [
+                row
+                for row in self._visible()
+                if channel_hash(row.channel) in hashes
+                and row.id > r.low
+                and (r.high is None or row.id <= r.high)
+            ]
+            if r.high is None and limit is not None:
+                matched = matched[:limit]
+            for row in matched:
+                if row.id not in found:
+                    found[row.id] = Row(row.id, row.channel, b"", at(row.created), k)
+        return [found[i] for i in sorted(found)]
+
+    def ids_between(self, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        return [
+            (row.id, channel_hash(row.channel))
+            for row in self._visible()
+            if any(a <= row.id <= b for a, b in spans)
+        ]
+
+    def max_id(self) -> int | None:
+        visible = self._visible()
+        return visible[-1].id if visible else None
+
+    def min_id(self) -> int | None:
+        visible = self._visible()
+        return visible[0].id if visible else None
+
+    def first_id_since(self, since: datetime) -> int | None:
+        later = [r for r in self._visible() if at(r.created) >= since]
+        return min(later, key=lambda r: (r.created, r.id)).id if later else None
+
+    def close(self) -> None:
+        pass
+
+
+class ModelReads:
+    """``Reads``' interface over a :class:`ModelTable`."""
+
+    def __init__(self, table: ModelTable) -> None:
+        self.table = table
+
+    def rows(self, ranges: Sequence[Range], *, limit: int | None = BATCH) -> list[Row]:
+        return self.table.rows_of(ranges, limit=limit)
+
+    def ids_between(self, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        return self.table.ids_between(spans)
+
+    def max_id(self) -> int | None:
+        return self.table.max_id()
+
+    def min_id(self) -> int | None:
+        return self.table.min_id()
+
+    def first_id_since(self, since: datetime) -> int | None:
+        return self.table.first_id_since(since)
+
+    def close(self) -> None:
+        pass
