@@ -314,6 +314,10 @@ class Listener:
         while not self._stopping:
             try:
                 timeout = min(hint.next_timeout(), max(0.0, next_safety_poll - time.monotonic()))
+                # A gap past its deadline is settled by a read: one is due then.
+                settle_at = poller.read_due()
+                if settle_at is not None:
+                    timeout = min(timeout, max(0.0, settle_at - time.time()))
                 if not self._release():
                     return
                 hinted: bool | None = None
@@ -341,9 +345,11 @@ class Listener:
                     if hinted is None:
                         hinted = hint.readable() if readable else False
                     checked = hint.check()
-                if forced or more or hinted or checked or time.monotonic() >= next_safety_poll:
+                settle = settle_at is not None and time.time() >= settle_at
+                due = forced or more or checked or settle or time.monotonic() >= next_safety_poll
+                if due or hinted:
                     rows = None
-                    if hinted and not (forced or more or checked):
+                    if hinted and not due:
                         rows = poller.deliver_carried()
                     if rows is None:
                         rows = poller.poll()

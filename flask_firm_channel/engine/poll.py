@@ -116,6 +116,11 @@ class Poller:
             and self.position.high_water is not None
         )
 
+    def read_due(self) -> float | None:
+        """When (``clock``) a read is due for the position's own sake: the earliest deadline
+        of an open gap or a resumed subscriber's pending ids; None if nothing is open."""
+        return self.position.next_deadline()
+
     def forget_coverage(self) -> None:
         """A read failed (or the loop restarted): carried messages stand in for nothing until
         the next read succeeds."""
@@ -148,14 +153,11 @@ class Poller:
 
     def take_carried(self, rows: list[Row], seen: Seen | None = None) -> None:
         """Take and dispatch messages the hint carried: the steps every carried message goes
-        through, whichever of the listener's loops got it."""
-        now = self._clock()
-        position = self.position
-        if position.gaps or position.pending:
-            position.expire(now)
+        through, whichever of the listener's loops got it. (They settle no gap: only a read
+        does, see :meth:`ReadPosition.expire`; the listener reads when one is due.)"""
         self._take(rows, seen)
         self._health.carried += len(rows)
-        self._health.last_poll_at = now
+        self._health.last_poll_at = self._clock()
 
     # -- a read of the table --------------------------------------------------------------
 

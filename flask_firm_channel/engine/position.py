@@ -228,6 +228,15 @@ class ReadPosition:
                 if pending.expires < read_at or not pending.gaps:
                     del self.pending[key]
 
+    def next_deadline(self) -> float | None:
+        """The earliest moment (epoch seconds) at which :meth:`expire` would settle a gap or
+        a resumed subscriber's pending ids, if a read began then; None if none is open."""
+        if not self.gaps and not self.pending:
+            return None
+        deadlines = [gap.revealed_at + self.grace for gap in self.gaps]
+        deadlines.extend(pending.expires for _, pending in self.pending.values())
+        return min(deadlines, default=None)
+
     def is_next(self, rows: list[Row]) -> bool:
         """``rows`` are the ids right after the high-water mark, one after the other: taking
         them opens no gap and needs nothing looked up (a busy channel's messages)."""
