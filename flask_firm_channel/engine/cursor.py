@@ -82,7 +82,7 @@ class Cursor:
 
     def without(self, msg_id: int) -> Cursor:
         """This cursor with ``msg_id`` not delivered after all: a gap, or below ``high`` when
-        it is the highest id (a callback's lane refused it, see ``callbacks.py``)."""
+        it is the highest id (a callback's lane refused it, see ``callbacks/``)."""
         ranges = list(_normalise([*self.gaps, (msg_id, msg_id)]))
         high = self.high
         while ranges and ranges[-1][1] >= high:

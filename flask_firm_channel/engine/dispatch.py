@@ -3,7 +3,7 @@
 Rows are found by channel hash and dispatched by exact channel bytes, so a hash collision
 costs one skipped row. Which subscriber is owed which row is the read position's rule
 (:meth:`ReadPosition.admits`); this module builds what each one gets (the payload, or a
-:class:`Message` with the cursor it resumes from after it), hands it on (``callbacks.py``
+:class:`Message` with the cursor it resumes from after it), hands it on (``callbacks/``
 for user callbacks, the listener thread itself for the engine's own consumers), and catches a
 subscriber up from the table when its lane refused a row.
 """
@@ -85,7 +85,7 @@ class Dispatcher:
 
     def _fall_behind(self, sub: Subscriber, row: Row, *, caught_up: bool) -> None:
         """``sub``'s lane refused ``row``: it takes nothing more until the lane has drained,
-        then catches up from the table after what it has had (``callbacks.py``)."""
+        then catches up from the table after what it has had (``callbacks/``)."""
         resume = self.position.fell_behind(sub, row, caught_up=caught_up)
         log.warning(
             "firm-channel subscriber %r on channel %r is %d messages behind; it catches up"

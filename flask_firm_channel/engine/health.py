@@ -32,7 +32,7 @@ class ListenerHealth:
     #: Calls queued for subscriber callbacks and not started yet.
     callback_backlog: int = 0
     #: Times a callback fell ``LANE_LIMIT`` calls behind and so caught up from the table
-    #: instead of this process's memory (see ``callbacks.py``); each is logged.
+    #: instead of this process's memory (see ``callbacks/``); each is logged.
     callback_catchups: int = 0
     #: Times such a callback found messages it had not had yet already trimmed: lost to it,
     #: each logged as an error with the range of ids.

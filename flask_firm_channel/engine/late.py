@@ -2,7 +2,7 @@
 ``commit_grace`` after its INSERT.
 
 A listener keeps an id it has not seen as a gap for one commit grace after a higher id turned
-up, then gives it up (``listener.py``). A row that commits later than that may never be
+up, then gives it up (``position.py``). A row that commits later than that may never be
 delivered, to any listener. The listener cannot know (it never saw the row), but the
 transaction's owner can: it knows when it inserted and when it committed. On backends that
 serialise writers (SQLite) commit order is id order and nothing can be skipped, so nothing is

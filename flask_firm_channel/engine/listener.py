@@ -5,7 +5,7 @@ module is the thread around it: when to poll (a wake-up from the hint or the bel
 poll, batching under sustained traffic), how it waits (``doorbell.py``), what happens when
 something fails (back off, retry on a fresh connection, restart the loop in place from the
 same read position), and who runs the loop (a callback stuck on the listener thread hands the
-loop to a new thread: ``callbacks.py``).
+loop to a new thread: ``callbacks/``).
 
 A message goes: the hint's descriptor turns readable (or the bell rings, or the timeout
 passes) -> the loop asks the hint whether to read -> the poll reads the table, or takes what
@@ -143,7 +143,7 @@ class Listener:
         return self._owner_ident == threading.get_ident()
 
     def _rescued(self, stuck: threading.Thread) -> None:
-        """A callback run on the listener thread ``stuck`` is stuck in it (``callbacks.py``):
+        """A callback run on the listener thread ``stuck`` is stuck in it (``callbacks/``):
         the loop goes on on a new thread, from the same read position; ``stuck`` finds it no
         longer owns the loop once its callback returns, and leaves without touching it."""
         if stuck is not self._owner:
@@ -296,7 +296,7 @@ class Listener:
             )
 
     def _release(self) -> bool:
-        """Hand the calls taken since the last wait to the callbacks (``callbacks.py``), as
+        """Hand the calls taken since the last wait to the callbacks (``callbacks/``), as
         this thread is about to let go of the GIL; False if this thread no longer owns the
         loop afterwards (a callback it ran was rescued)."""
         self._callbacks.release()

@@ -66,7 +66,7 @@ class Subscriber:
         self.wants_messages = wants_messages
         self.on_end = on_end
         #: The callback never blocks (a fan-out queue's append): it is called on the listener
-        #: thread itself. Every other callback runs as ``callbacks.py`` decides.
+        #: thread itself. Every other callback runs as ``callbacks/`` decides.
         self.inline = inline
         #: In its registry: from ``subscribe`` until it is removed. (An attribute, not a
         #: property: every delivery reads it.)
@@ -86,11 +86,11 @@ class Subscriber:
         self.behind = False
         #: How many times it fell behind (and caught up from the table).
         self.catchups = 0
-        #: Its calls go to its lane's thread for good (``callbacks.py``), and how many slow
+        #: Its calls go to its lane's thread for good (``callbacks/``), and how many slow
         #: calls in a row it made so far.
         self.on_lane = False
         self.slow_calls = 0
-        #: Its calls waiting to run on the listener thread (``callbacks.py``).
+        #: Its calls waiting to run on the listener thread (``callbacks/``).
         self.quick = 0
         self._registry: SubscriptionRegistry | None = None
 
