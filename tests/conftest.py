@@ -126,6 +126,17 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def message_id(cursor: str) -> int:
+    """The id a message's cursor ends at, checking that it is stamped with the message it
+    names (``"1234~1765000000123456"``) and leaves nothing pending below it."""
+    from flask_firm_channel import Cursor
+
+    parsed = Cursor.parse(cursor)
+    assert parsed.gaps == () and parsed.last is not None, cursor
+    assert parsed.last[0] == parsed.high, cursor
+    return parsed.high
+
+
 def settle_pg_statistics(engine: sa.Engine) -> None:
     """Make what ``engine``'s sessions did so far count in PostgreSQL's table statistics now.
 

@@ -141,3 +141,13 @@ class ModelReads:
 
     def close(self) -> None:
         pass
+
+    def connect_if_needed(self) -> bool:
+        return False
+
+    def history_marker(self) -> None:
+        return None
+
+    def created_at_of(self, ids: Sequence[int]) -> dict[int, datetime]:
+        rows = self.table.rows
+        return {i: at(rows[i].created) for i in ids if i in rows and rows[i].visible}

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from flask_firm_channel import Message
+from flask_firm_channel import Cursor, Message
 from flask_firm_channel.engine.fanout import Fanout, QueueOverflow, end_all
 
-from .conftest import wait_for
+from .conftest import message_id, wait_for
 
 
 def drain(it: Any, count: int, timeout: float = 15.0) -> list[Message]:
@@ -121,14 +121,14 @@ def test_late_commit_held_open_across_a_disconnect(
             assert [m.payload for m in got] == [b"held", b"committed first"]
             cursor = it.cursor
             it.close()
-            assert cursor == str(got[-1].id)
+            assert message_id(cursor) == got[-1].id
             resumed = list(fc.listen("seam", after_id=cursor, timeout=1.0))
             assert resumed == []
         else:
             later.join(10)
             (first,) = drain(it, 1)
             assert first.payload == b"committed first" and first.id > held
-            assert first.cursor != str(first.id), "a pending id must be in the cursor"
+            assert Cursor.parse(first.cursor).gaps, "a pending id must be in the cursor"
             it.close()  # the client disconnects with the late commit still open
             tx.commit()
             resumed = drain(fc.listen("seam", after_id=first.cursor, timeout=3.0), 2, 3.0)
@@ -136,7 +136,9 @@ def test_late_commit_held_open_across_a_disconnect(
             # Its cursor resumes after everything: neither message comes again.
             again = list(fc.listen("seam", after_id=resumed[0].cursor, timeout=0.5))
             assert [m.payload for m in again] == []
-            assert resumed[0].cursor == str(first.id)
+            resumed_at = Cursor.parse(resumed[0].cursor)
+            assert (resumed_at.high, resumed_at.gaps) == (first.id, ())
+            assert resumed_at.last is not None and resumed_at.last[0] == held
             # The plain high id would have lost it; the plain late id would replay N+1.
             after_high = list(fc.listen("seam", after_id=first.id, timeout=0.5))
             assert after_high == []

@@ -10,8 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel import Cursor, HistoryTrimmed, Message, PubSub
+from flask_firm_channel.engine.cursor import stamped
 
-from .conftest import wait_for
+from .conftest import message_id, wait_for
 
 
 def collect() -> tuple[list[Message | HistoryTrimmed], Callable[[Message | HistoryTrimmed], None]]:
@@ -69,7 +70,8 @@ def test_messages_carry_id_channel_and_cursor(make_pubsub: Callable[..., PubSub]
         (ids[1], b"m:b", b"two"),
         (third, b"m:a", b"three"),
     ]
-    assert [m.cursor for m in messages] == [str(i) for i in (*ids, third)]
+    assert [message_id(m.cursor) for m in messages] == [*ids, third]
+    assert [m.cursor for m in messages] == [stamped(m.id, m.created_at) for m in messages]
     assert all(m.created_at.tzinfo is None for m in messages)
 
 
@@ -191,7 +193,7 @@ def test_cursor_stays_exact_across_a_transaction_held_open(
     wait_for(lambda: len(resumed) == 2)
     assert payloads(resumed) == [b"late", b"live"]
     # Resuming from the highest id alone would have lost the late commit: the cursor did not.
-    assert Cursor.parse(resumed[-1].cursor) == Cursor(resumed[-1].id)
+    assert message_id(resumed[-1].cursor) == resumed[-1].id
 
 
 @pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from .callbacks import CallbackRunner
 from .calls import call_inline
-from .cursor import Cursor
+from .cursor import Cursor, stamp, stamped
 from .health import ListenerHealth
 from .message import Message
 from .position import ReadPosition
@@ -80,7 +80,10 @@ class Dispatcher:
     def _message(self, row: Row, sub: Subscriber, *, caught_up: bool) -> Message:
         """``row`` with the cursor ``sub`` resumes from after it."""
         high, gaps = self.position.delivered(row, sub, caught_up=caught_up)
-        cursor = str(high) if not gaps else str(Cursor.of(high, gaps))
+        if not gaps and high == row.id:
+            cursor = stamped(high, row.created_at)  # (the common case, cheaply)
+        else:
+            cursor = str(Cursor.of(high, gaps, (row.id, stamp(row.created_at))))
         return Message(row.id, row.channel, row.payload, row.created_at, cursor)
 
     def _fall_behind(self, sub: Subscriber, row: Row, *, caught_up: bool) -> None:
@@ -106,5 +109,6 @@ class Dispatcher:
         return True
 
     def notice(self, sub: Subscriber, value: Any) -> None:
-        """Hand ``sub`` a notice of the engine's (:class:`HistoryTrimmed`) before its rows."""
+        """Hand ``sub`` a notice of the engine's (:class:`HistoryTrimmed`,
+        :class:`HistoryChanged`) before the rows it concerns."""
         self._call(sub, value)

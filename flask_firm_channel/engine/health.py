@@ -57,3 +57,13 @@ class ListenerHealth:
     #: Broadcasts in a caller's transaction that committed past the commit grace (each
     #: logged as a warning): listeners may have skipped them.
     late_commits: int = 0
+    #: Times the database was found no longer holding messages this process had delivered
+    #: (a failover to a server without the last commits, a restore), each logged at ERROR;
+    #: how many messages those were; the last one in words, and when (epoch seconds).
+    history_changes: int = 0
+    lost_messages: int = 0
+    last_history_change: str | None = None
+    last_history_change_at: float | None = None
+    #: Times the table's ids could not be moved past those delivered after such a change
+    #: (no privilege, say): new messages may then reuse ids; each logged at ERROR.
+    id_move_failures: int = 0

@@ -98,6 +98,7 @@ class Listener:
         self._busy = DriverHold("listener")
         self._errors = PollErrors(dialect, table.name)
         self._engine = engine
+        self._dialect = dialect
         self._reads = Reads(engine, dialect, table)
         self._poller = Poller(
             self._reads,
@@ -108,6 +109,9 @@ class Listener:
             self._health,
             grace=settings.commit_grace,
             table_name=table.name,
+            retention=settings.message_retention,
+            move_ids=self._move_ids_past,
+            move_ids_sql=lambda last: dialect.move_ids_sql(table, last),
             on_start=self._check_indexes,
         )
         #: What the thread sleeps on: rung by :meth:`wake` and :meth:`close`.
@@ -294,6 +298,10 @@ class Listener:
                 self._table.name,
                 ", ".join(str(ix.name) for ix in missing),
             )
+
+    def _move_ids_past(self, last: int) -> None:
+        with self._engine.begin() as conn:
+            self._dialect.move_ids_past(conn, self._table, last)
 
     def _release(self) -> bool:
         """Hand the calls taken since the last wait to the callbacks (``callbacks/``), as

@@ -16,7 +16,8 @@ class Message:
     #: When it was broadcast (naive UTC).
     created_at: datetime
     #: Where to resume right after this message (see :class:`~.cursor.Cursor`): pass it back
-    #: as ``after=`` to get every later message once, including late commits below ``id``.
+    #: as ``after=`` to get every later message once, including late commits below ``id``,
+    #: and a :class:`HistoryChanged` first if the database lost this message since.
     cursor: str
 
 
@@ -29,4 +30,17 @@ class HistoryTrimmed:
     after: str
     #: The oldest id still in the table (``None`` if it is empty).
     oldest_id: int | None
+    cursor: str
+
+
+@dataclass(frozen=True)
+class HistoryChanged:
+    """Delivered to a message consumer when the database no longer holds the history it was
+    following: it failed over to a server without the last commits (asynchronous replication),
+    or was restored. ``lost`` is the range of ids delivered before that the database lost or
+    gave to other messages, when known. What follows is every message of the database's
+    history after the point where the two part; ``cursor`` resumes from there."""
+
+    after: str
+    lost: tuple[int, int] | None
     cursor: str

@@ -29,6 +29,7 @@ from .catchup import CatchUp
 from .dispatch import Dispatcher
 from .forkhold import DriverHold
 from .health import ListenerHealth
+from .history import History
 from .position import NEW, ReadPosition
 from .reads import BATCH, Range, Reads, Row
 from .subscriptions import SubscriptionRegistry
@@ -49,6 +50,10 @@ def _nothing() -> None:
     pass
 
 
+def _cannot_move_ids(last: int) -> None:
+    raise NotImplementedError("this poller cannot move the table's ids")
+
+
 class Poller:
     """One listener's polls. ``reads`` runs its statements (``reads.py``); ``on_start`` is
     called once, when the read position starts; ``clock`` is the time (epoch seconds)."""
@@ -64,6 +69,9 @@ class Poller:
         *,
         grace: float,
         table_name: str,
+        retention: float = 86400.0,
+        move_ids: Callable[[int], None] = _cannot_move_ids,
+        move_ids_sql: Callable[[int], str] = str,
         on_start: Callable[[], None] = _nothing,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -78,6 +86,19 @@ class Poller:
         self.position = ReadPosition(grace)
         self.dispatch = Dispatcher(registry, self.position, callbacks, health)
         self.catch_up = CatchUp(self.position, self.dispatch, self._read, self._bounds, health)
+        self.history = History(
+            reads,
+            self.position,
+            self.dispatch,
+            registry,
+            busy,
+            health,
+            table_name=table_name,
+            retention=retention,
+            move_ids=move_ids,
+            move_ids_sql=move_ids_sql,
+            clock=clock,
+        )
         #: The last read found a full batch: poll again at once.
         self.more = False
         #: The hint's epoch and the subscriptions' version at the start of the last read of
@@ -94,7 +115,8 @@ class Poller:
     def resume_from(self, previous: Poller) -> None:
         """Go on from ``previous``'s read position (a forked child, see ``Listener``)."""
         self.position = previous.position.copy()
-        self.dispatch.position = self.position
+        self.dispatch.position = self.history.position = self.position
+        self.history.marker = previous.history.marker
         self.catch_up = CatchUp(
             self.position, self.dispatch, self._read, self._bounds, self._health
         )
@@ -164,6 +186,10 @@ class Poller:
     def poll(self) -> int:
         """Read and dispatch what is new; return the number of rows read."""
         self.forget_coverage()
+        with self._busy.lock:
+            connected = self.reads.connect_if_needed()
+        if connected:
+            self.history.after_connect()  # (a failover that lost messages moves the position)
         # Taken before the snapshot, so every subscriber caught up below is part of the
         # snapshot this poll reads with.
         self.catch_up.add(self._registry.take_added())
@@ -292,14 +318,24 @@ class Poller:
         if now - self._last_reset_check < RESET_CHECK_INTERVAL:
             return
         self._last_reset_check = now
+        held = self.history.newest_still_held()
         with self._busy.lock:
             max_id = self.reads.max_id()
         high_water = self.position.high_water
         assert high_water is not None
-        if max_id is None or max_id >= high_water:
+        if held is False:
+            reason = "another message now has an id this process delivered"
+        elif held is None and max_id is not None and max_id < high_water:
+            reason = f"the table went backwards (max id {max_id} < {high_water})"
+        else:
+            return
+        if self.history.check(reason, shared=True):
+            self.more = True  # read again at once, from where the histories part
             return
         log.warning(
-            "firm-channel table %s went backwards (max id %s < %s); re-anchoring",
+            "firm-channel table %s went backwards (max id %s, this process had read up to %s,"
+            " and none of the rows it took last is left): it was emptied or replaced;"
+            " re-anchoring",
             self._table_name,
             max_id,
             high_water,

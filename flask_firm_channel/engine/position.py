@@ -27,7 +27,7 @@ anchor: they are *pending* for it, read with the rest until they turn up or the 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 
@@ -39,6 +39,9 @@ from .table import channel_hash
 
 #: More open gaps than this are read as one span, filtered on arrival, to keep the SQL small.
 MAX_GAP_RANGES = 32
+#: The rows taken most recently that the position remembers, to check that the database still
+#: holds them (``history.py``).
+RECENT = 4096
 
 #: What a row is to the position once taken: above the high-water mark (``NEW``), filling a
 #: gap (``LATE``), or an id already passed without a gap (``SEEN``: only a resumed
@@ -99,6 +102,13 @@ class ReadPosition:
         #: (restored history is not replayed); the newest ``created_at`` taken so far.
         self.not_before: datetime | None = None
         self.newest_seen: datetime | None = None
+        #: ``(id, created_at)`` of the rows taken most recently, in the order taken.
+        self.recent: deque[tuple[int, datetime]] = deque(maxlen=RECENT)
+        #: After :meth:`rewind`: rows above the parting point taken before, which the
+        #: database still holds, by id (they are not taken again); and the id past which
+        #: none is left.
+        self.replayed: dict[int, datetime] = {}
+        self.replayed_until = 0
 
     # -- starting -------------------------------------------------------------------------
 
@@ -305,6 +315,9 @@ class ReadPosition:
             self.newest_seen = created_at
         if self.not_before is not None and created_at <= self.not_before:
             return None
+        if self.replayed and self.replayed.get(row.id) == created_at:
+            return None  # taken before the database's history changed, and still held
+        self.recent.append((row.id, created_at))
         return late is not None and (
             not self.floors or self.wanted(channel_hash(row.channel), row.id)
         )
@@ -320,6 +333,9 @@ class ReadPosition:
         was pending for ``sub`` is no longer once admitted."""
         if not sub.active or sub.anchor is None:
             return False
+        floor = sub.created_floor
+        if floor is not None and row.id <= floor[1] and row.created_at <= floor[0]:
+            return False  # from the history it had, or before it subscribed
         if sub is only:
             if row.id > sub.anchor:
                 return True
@@ -401,6 +417,36 @@ class ReadPosition:
             sub.anchor = 0
         self.anchor_epoch += 1
 
+    # -- the database's history changing -----------------------------------------------------
+
+    def rewind(self, parting: int, kept: dict[int, datetime], subs: Iterable[Subscriber]) -> None:
+        """The database lost rows above ``parting`` that were taken (a failover to a server
+        without the last commits) and may have given their ids to other rows: read again from
+        there. ``kept``: rows above ``parting`` taken before and still held, by id, which
+        are not taken again. A subscriber anchored above ``parting`` gets what the database
+        now holds above it, except rows it had, or created before it subscribed."""
+        high_water = self.high_water or 0
+        self.high_water = parting
+        self.gaps.clear()
+        self.floors.clear()
+        self.pending.clear()
+        self.followed, self._followed_key = frozenset(), None
+        self.replayed = dict(kept)
+        self.replayed_until = max(high_water, max(kept, default=0))
+        self.recent = deque(
+            ((i, c) for i, c in self.recent if i <= parting or kept.get(i) == c), maxlen=RECENT
+        )
+        for sub in subs:
+            if sub.anchor is not None and sub.anchor > parting:
+                sub.created_floor = (sub.since, sub.anchor)
+                sub.anchor = parting
+        self.anchor_epoch += 1
+
+    def replay_done(self) -> None:
+        """Forget :attr:`replayed` once the high-water mark has passed it."""
+        if self.replayed and (self.high_water or 0) >= self.replayed_until:
+            self.replayed = {}
+
     # -- a forked child -------------------------------------------------------------------
 
     def copy(self) -> ReadPosition:
@@ -414,4 +460,6 @@ class ReadPosition:
         other.pending = dict(self.pending)
         other.not_before = self.not_before
         other.newest_seen = self.newest_seen
+        other.recent = deque(self.recent, maxlen=RECENT)
+        other.replayed, other.replayed_until = dict(self.replayed), self.replayed_until
         return other

@@ -98,8 +98,11 @@ class Reads:
         self._recycle = pool_recycle(engine)
         self._pre_ping = pool_pre_ping(engine)
         self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
+        #: Connections made so far: a new one may be to another server (a failover).
+        self.connects = 0
         t = table
         self._row = row_maker(engine, table)
+        (self._created_of,) = result_processors(engine, [table.c.created_at.type])
         self._max_id = Compiled(select(func.max(t.c.id)), engine)
         self._min_id = Compiled(select(func.min(t.c.id)), engine)
         # The first row created at or after a moment, by the created_at index.
@@ -123,6 +126,7 @@ class Reads:
             raise
         self._conn, self._runner = conn, runner
         self._made_at = time.monotonic()
+        self.connects += 1
         return runner
 
     def close(self) -> None:
@@ -165,6 +169,40 @@ class Reads:
     def first_id_since(self, since: datetime) -> int | None:
         rows = self._run(self._first_since, {"since": since})
         return int(rows[0][0]) if rows else None
+
+    def connect_if_needed(self) -> bool:
+        """Make the connection now if there is none (or it is past ``pool_recycle``); True if
+        a new one was made."""
+        if self._runner is not None and not older_than(self._made_at, self._recycle):
+            return False
+        self.close()
+        self._connect()
+        return True
+
+    def history_marker(self) -> Any:
+        """What names the database's history on this connection's server (PostgreSQL's
+        timeline), or None where the backend has nothing of the kind (``Dialect``)."""
+        compiled = self._dialect.history_marker(self._engine)
+        if compiled is None:
+            return None
+        return self._run(compiled, {})[0][0]
+
+    def created_at_of(self, ids: Sequence[int]) -> dict[int, datetime]:
+        """``created_at`` of each of ``ids`` the table holds, by id."""
+        found: dict[int, datetime] = {}
+        t = self._table
+        for k in range(0, len(ids), 500):
+            chunk = list(ids[k : k + 500])
+            shape = ("created", len(chunk))
+            compiled = self._shapes.get(shape)
+            if compiled is None:
+                params = [bindparam(f"i{j}", type_=BigInteger) for j in range(len(chunk))]
+                stmt = select(t.c.id, t.c.created_at).where(t.c.id.in_(params))
+                compiled = self._remember(shape, Compiled(stmt, self._engine))
+            rows = self._run(compiled, {f"i{j}": i for j, i in enumerate(chunk)})
+            for msg_id, created_at in rows:
+                found[int(msg_id)] = self._created(created_at)
+        return found
 
     def rows(self, ranges: Sequence[Range], *, limit: int | None = BATCH) -> list[Row]:
         """The rows of every range, in id order (a row in two ranges comes once, with the
@@ -246,6 +284,9 @@ class Reads:
         # MariaDB build (and drop) a temporary table on every poll.
         union = selects[0] if len(selects) == 1 else union_all(*selects)
         return self._remember(shape, Compiled(union, self._engine))
+
+    def _created(self, value: Any) -> datetime:
+        return value if self._created_of is None else self._created_of(value)
 
     def _remember(self, shape: tuple[Any, ...], compiled: Compiled) -> Compiled:
         self._shapes[shape] = compiled

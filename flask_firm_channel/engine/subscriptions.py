@@ -41,6 +41,7 @@ class Subscriber:
         "started",
         "behind",
         "catchups",
+        "created_floor",
         "on_lane",
         "slow_calls",
         "quick",
@@ -86,6 +87,10 @@ class Subscriber:
         self.behind = False
         #: How many times it fell behind (and caught up from the table).
         self.catchups = 0
+        #: After the database's history changed under it (``history.py``): rows with an id up
+        #: to the second value created no later than the first are from the old history it
+        #: had already, or from before it subscribed, and are not delivered to it.
+        self.created_floor: tuple[datetime, int] | None = None
         #: Its calls go to its lane's thread for good (``callbacks/``), and how many slow
         #: calls in a row it made so far.
         self.on_lane = False

@@ -26,6 +26,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
+from ...compiled import Compiled
 from .runner import CursorRunner, Runner
 
 if TYPE_CHECKING:
@@ -220,6 +221,22 @@ class Dialect:
             return bool(self.engine.dialect.is_disconnect(orig, None, None))  # type: ignore[arg-type]
         except Exception:  # noqa: BLE001 - a dialect that cannot tell: assume not
             return False
+
+    def history_marker(self, engine: Engine) -> Compiled | None:
+        """A statement whose one value names the history the server holds, and changes when
+        the database fails over to a server that may lack the last commits (PostgreSQL's
+        timeline); None where the backend has nothing of the kind."""
+        return None
+
+    def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
+        """Make the next id the table hands out larger than ``last`` (and every id handed out
+        before): after a failover to a server whose sequence is behind, ids already delivered
+        must not name other messages. Raises what the driver raises (no privilege, say)."""
+        raise NotImplementedError(f"{self.name}: ids cannot be moved here")
+
+    def move_ids_sql(self, table: Table, last: int) -> str:
+        """What :meth:`move_ids_past` runs, for a person to run with the privilege it lacked."""
+        return f"(make the next id of {table.name} larger than {last})"
 
     def rolled_back_by_conflict(self, exc: DBAPIError) -> bool:
         """The database rolled the transaction back as a deadlock or serialization failure

@@ -315,3 +315,11 @@ def _host_reads(name: str, baseline: int, newest: str, holes: tuple[int, ...]) -
         _new_ids(name, baseline, newest) if baseline >= 0 else "SELECT 0, 0 FROM DUAL WHERE FALSE"
     )
     return first + ";" + (" " + _hole_ids(name, holes) + ";" if holes else "")
+
+    def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
+        # InnoDB keeps the counter at least one past the largest id in the table, whatever
+        # this asks: it can only move it forward.
+        conn.execute(text(f"ALTER TABLE {self._qualified(table)} AUTO_INCREMENT = {int(last) + 1}"))
+
+    def move_ids_sql(self, table: Table, last: int) -> str:
+        return f"ALTER TABLE {self._qualified(table)} AUTO_INCREMENT = {int(last) + 1};"

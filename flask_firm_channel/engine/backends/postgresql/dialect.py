@@ -9,19 +9,23 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Select,
     Table,
     Text,
     bindparam,
+    case,
     cast,
     func,
     select,
     text,
 )
+from sqlalchemy.dialects.postgresql import REGCLASS
 from sqlalchemy.sql.dml import Insert
 
+from ...compiled import Compiled
 from ..base.dialect import Dialect, _lock_key
 from ..base.runner import CursorRunner, Runner
 from .notes import _bucket_channel, notify_note
@@ -135,3 +139,39 @@ class PostgreSQLDialect(Dialect):
     def reader(self, conn: Any) -> Runner:
         # psycopg 3 gives libpq's own calls; any other driver goes through its cursor.
         return LibpqRunner(conn) if hasattr(conn, "pgconn") else CursorRunner(conn)
+
+    def history_marker(self, engine: Engine) -> Compiled | None:
+        # The timeline of the WAL being written: a promotion starts a new one. (On a standby,
+        # which writes none, NULL.)
+        return Compiled(
+            select(
+                case(
+                    (func.pg_is_in_recovery(), None),
+                    else_=func.substr(func.pg_walfile_name(func.pg_current_wal_lsn()), 1, 8),
+                )
+            ),
+            engine,
+        )
+
+    def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
+        # nextval() takes a value no other session has; setting the sequence to the larger of
+        # it and ``last`` hands out neither again, whatever other sessions do meanwhile.
+        sequence = conn.execute(
+            select(func.pg_get_serial_sequence(self._qualified(table), "id"))
+        ).scalar_one()
+        if sequence is None:
+            raise RuntimeError(f"table {table.name}'s id has no sequence")
+        conn.execute(
+            select(
+                func.setval(
+                    cast(sequence, REGCLASS),
+                    func.greatest(
+                        bindparam("last", last, type_=BigInteger), func.nextval(sequence)
+                    ),
+                )
+            )
+        )
+
+    def move_ids_sql(self, table: Table, last: int) -> str:
+        name = self._qualified(table).replace("'", "''")
+        return f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), {int(last)});"

@@ -13,6 +13,7 @@ from sqlalchemy import (
     Connection,
     Table,
     event,
+    text,
 )
 
 from ..base.bells import Bells
@@ -109,6 +110,17 @@ class SQLiteDialect(Dialect):
         if pages is None or size is None:
             return None, "unknown"
         return int(pages) * int(size), "database file"
+
+    def move_ids_sql(self, table: Table, last: int) -> str:
+        name = table.name.replace("'", "''")
+        return f"UPDATE sqlite_sequence SET seq = max(seq, {int(last)}) WHERE name = '{name}';"
+
+    def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
+        # AUTOINCREMENT keeps the largest id ever handed out in sqlite_sequence.
+        conn.execute(
+            text("UPDATE sqlite_sequence SET seq = max(seq, :last) WHERE name = :name"),
+            {"last": int(last), "name": table.name},
+        )
 
 
 def _sqlite_datetime(value: datetime) -> str:
