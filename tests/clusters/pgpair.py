@@ -161,6 +161,14 @@ class PostgresPair:
     # -- life ----------------------------------------------------------------------------
 
     def start(self) -> PostgresPair:
+        """initdb, start, base backup, stream; on failure everything started is stopped."""
+        try:
+            return self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> PostgresPair:
         started = time.monotonic()
         primary = self.primary
         run(
