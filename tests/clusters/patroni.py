@@ -418,6 +418,18 @@ class PatroniCluster:
         self.timings["rejoin"] = time.monotonic() - started
         return self.timings["rejoin"]
 
+    def heal(self) -> float:
+        """Start every node whose Patroni is down and wait until one leads and the others
+        stream; the seconds it took (0 when nothing was down)."""
+        started = time.monotonic()
+        down = [n for n in self.nodes if not n.patroni_alive()]
+        for node in down:
+            node.start()
+        if down:
+            self.wait_leader()
+            self.wait_replicas(timeout=120)
+        return time.monotonic() - started
+
     def _logs(self) -> str:
         return "\n".join(log_tail(n.log, 2500) for n in self.nodes) + log_tail(self.etcd.log, 800)
 
