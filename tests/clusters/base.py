@@ -198,11 +198,18 @@ class Daemon:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` (kill -9 by default) and, for a signal that ends it, reap it."""
-        if self.proc.poll() is None:
+    def kill(self, sig: int = signal.SIGKILL, group: bool = False) -> None:
+        """Send ``sig`` (kill -9 by default) to the process, or with ``group`` to every
+        process of its process group (helpers it started and did not move elsewhere);
+        after SIGKILL, reap it."""
+        if group:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+        elif self.proc.poll() is None:
             self.proc.send_signal(sig)
-        if sig in (signal.SIGKILL,):
+        if sig == signal.SIGKILL:
             self.proc.wait(30)
 
     def stop(self, timeout: float = 30) -> int | None:

@@ -229,7 +229,8 @@ class GaleraCluster:
             balancer.close()
         for node in self.nodes:
             if node.daemon is not None:
-                node.daemon.kill(signal.SIGKILL)
+                # The group: a state transfer's rsync and scripts go with it.
+                node.daemon.kill(signal.SIGKILL, group=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> GaleraCluster:

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 
 from .pgpair import PostgresPair
 
+pytestmark = pytest.mark.cluster
+
 
 def _engine(url: str) -> sa.Engine:
     return sa.create_engine(url, poolclass=sa.NullPool, connect_args={"connect_timeout": 3})
