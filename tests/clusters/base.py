@@ -28,9 +28,6 @@ from ..private_servers import _owned_dir
 T = TypeVar("T")
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-#: For the few commands that must run under a login-like wrapper; /usr/sbin is not on every
-#: PATH.
-RUNUSER = shutil.which("runuser") or "/usr/sbin/runuser"
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
