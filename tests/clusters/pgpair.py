@@ -11,7 +11,9 @@ connection always lands on whichever is the primary now.
 from __future__ import annotations
 
 import shutil
+import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +112,7 @@ class PgNode:
         try:
             self._ctl("-m", "immediate", "-w", "-t", "20", "stop", timeout=30)
         except Exception:  # noqa: BLE001 - the signal below is the fallback
-            signal_pid(pid, 9)
+            signal_pid(pid, signal.SIGKILL)
         wait_until(lambda: not pid_alive(pid), 30, f"{self.name} (pid {pid}) to exit")
 
     def connect(self, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection[Any]:
@@ -357,7 +359,7 @@ class PostgresPair:
         self.timings["fail_over"] = time.monotonic() - started
         return self.timings["fail_over"]
 
-    def lose_tail(self, write: Any) -> float:
+    def lose_tail(self, write: Callable[[], object]) -> float:
         """The deterministic lost tail of asynchronous replication: ``pause_replication()``,
         then ``write()`` (everything it commits reaches the primary only), then
         ``fail_over()``. The new primary holds exactly what was committed before the call
