@@ -62,11 +62,12 @@ _LAUNCH = (
 @functools.cache
 def patroni_python(user: str = USER) -> list[str]:
     """The interpreter command that runs Patroni as ``user``: ours if ``user`` can run it,
-    else the system's ``python3`` of the same minor version in isolated mode (no site
-    packages of its own, the venv's appended to its path). Raises naming both if neither
-    can import Patroni."""
+    else the system's Python of the same minor version in isolated mode (no site packages
+    of its own, the venv's appended to its path: its compiled packages need that version).
+    Raises naming each one tried if none can import Patroni."""
     probe = f"import sys; sys.path.extend({_venv_paths()!r}); import patroni, psycopg"
-    candidates = [[sys.executable], ["/usr/bin/python3", "-I", "-S"]]
+    minor = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates = [[sys.executable], [minor, "-I", "-S"], ["/usr/bin/python3", "-I", "-S"]]
     tried = []
     for command in candidates:
         try:
