@@ -1,0 +1,174 @@
+"""The consumers ``python -m bench.clusters`` watches through a fault, each recording what it
+got and when: an app of this process (a ``subscribe_messages`` callback, a ``listen()`` loop and
+an SSE endpoint served by Werkzeug), SSE clients in their own processes
+(``tests/proc_sse_client.py``, connected throughout or resuming with a ``Last-Event-ID``), and
+a subscriber process (``tests.fault_support.SubscriberProcess``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from werkzeug.serving import make_server
+
+from flask_firm_channel import FirmChannel
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class LogRecorder(logging.Handler):
+    """Every ``flask_firm_channel`` record at WARNING or above, with its time."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[tuple[float, str, str]] = []
+        logging.getLogger("flask_firm_channel").addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.created, record.levelname, record.getMessage()[:300]))
+
+    def close(self) -> None:
+        logging.getLogger("flask_firm_channel").removeHandler(self)
+        super().close()
+
+
+class InProcessApp:
+    """A Flask app on ``url`` with a callback, a ``listen()`` loop and ``/events`` (SSE) on
+    ``channel``; ``got[name]`` is ``[(id, payload, time)]`` for ``callback`` and
+    ``listen``."""
+
+    def __init__(self, url: str, table: str, channel: str, **config: Any) -> None:
+        self.channel = channel
+        self.app = Flask(f"bench_cluster_{table}")
+        self.app.config.update(
+            SQLALCHEMY_DATABASE_URI=url,
+            SQLALCHEMY_ENGINE_OPTIONS={"connect_args": {"connect_timeout": 3}},
+            FIRM_CHANNEL_AUTO_TRIM=False,
+            FIRM_CHANNEL_SSE_HEARTBEAT=1,
+            **config,
+        )
+        self.db = SQLAlchemy(self.app)
+        self.fc = FirmChannel(self.app, table_name=table)
+        self.got: dict[str, list[tuple[int, str, float]]] = {"callback": [], "listen": []}
+        self._lock = threading.Lock()
+
+        @self.app.get("/events")
+        def events() -> Any:
+            return self.fc.stream(channel)
+
+        with self.app.app_context():
+            self.fc.pubsub().start()
+            self.fc.pubsub().subscribe_messages([channel], self._on_message)
+            self._listening = self.fc.listen(channel)
+        self._listen_thread = threading.Thread(target=self._listen, daemon=True)
+        self._listen_thread.start()
+        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.port = self.server.server_port
+        self._serve = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._serve.start()
+
+    @property
+    def sse_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/events"
+
+    def _on_message(self, message: Any) -> None:
+        if not hasattr(message, "payload"):  # HistoryTrimmed
+            return
+        with self._lock:
+            self.got["callback"].append((message.id, message.payload.decode(), time.time()))
+
+    def _listen(self) -> None:
+        for message in self._listening:
+            with self._lock:
+                self.got["listen"].append((message.id, message.payload.decode(), time.time()))
+
+    def payloads(self, name: str) -> list[str]:
+        with self._lock:
+            return [p for _, p, _ in self.got[name]]
+
+    def health(self) -> Any:
+        with self.app.app_context():
+            return self.fc.health()
+
+    def close(self) -> None:
+        self._listening.close()
+        self.fc.close(self.app)
+        self.server.shutdown()
+        with self.app.app_context():
+            self.db.engine.dispose()
+
+
+class SSEClient:
+    """``tests/proc_sse_client.py`` on ``url``: ``events`` are its message events
+    (``{"type", "data", "id", "t"}``), ``other`` the rest (status, eof, errors)."""
+
+    def __init__(self, url: str, last_event_id: str | None = None) -> None:
+        command = [sys.executable, "-m", "tests.proc_sse_client", url]
+        if last_event_id is not None:
+            command += ["--last-event-id", last_event_id]
+        self.proc = subprocess.Popen(
+            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        self.events: list[dict[str, Any]] = []
+        self.other: list[dict[str, Any]] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self.ready.wait(30):
+            raise RuntimeError(f"SSE client on {url} did not connect")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            record = json.loads(line)
+            if "ready" in record:
+                self.ready.set()
+            elif "type" in record:
+                self.events.append(record)
+            else:
+                self.other.append(record)
+
+    def payloads(self) -> list[str]:
+        return [e["data"] for e in self.events if e["type"] != "firm-channel-history-trimmed"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def wait_for(condition: Any, timeout: float) -> bool:
+    """Poll ``condition`` until truthy or ``timeout``; whether it became true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    """A Markdown table."""
+    cells = [header] + [[("" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
