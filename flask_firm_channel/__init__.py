@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .engine import (
     Cursor,
+    HistoryChanged,
     HistoryTrimmed,
     ListenerHealth,
     Message,
@@ -28,13 +29,14 @@ from .engine import (
 )
 from .extension import FirmChannel, Listening
 from .serving import end_streams_on_sigterm
-from .sse import HISTORY_TRIMMED_EVENT
+from .sse import HISTORY_CHANGED_EVENT, HISTORY_TRIMMED_EVENT
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Cursor",
     "FirmChannel",
+    "HistoryChanged",
     "HistoryTrimmed",
     "Listening",
     "Message",
@@ -45,6 +47,7 @@ __all__ = [
     "Subscription",
     "channel_hash",
     "message_table",
+    "HISTORY_CHANGED_EVENT",
     "HISTORY_TRIMMED_EVENT",
     "end_streams_on_sigterm",
     "__version__",

@@ -38,6 +38,7 @@ from .engine.fanout import (
     Cursor,
     Fanout,
     FanoutClosed,
+    HistoryChanged,
     HistoryTrimmed,
     Message,
     QueueOverflow,
@@ -504,6 +505,14 @@ class Listening(Iterator[Message]):
                     " (the oldest left is %s)",
                     item.after,
                     item.oldest_id,
+                )
+                continue
+            if isinstance(item, HistoryChanged):
+                log.warning(
+                    "firm-channel listen(): the database no longer holds the messages after %s"
+                    " it delivered (ids %s); the messages it holds from there come next",
+                    item.after,
+                    item.lost_ids(),
                 )
                 continue
             self._last_cursor = item.cursor

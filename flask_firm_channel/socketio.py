@@ -41,6 +41,7 @@ from .engine.fanout import (
     Consumer,
     ConsumerClosed,
     Fanout,
+    HistoryChanged,
     HistoryTrimmed,
     Item,
     Message,
@@ -283,6 +284,14 @@ class FirmChannelManager(PubSubManager):
                 " caught up (the oldest left is %s)",
                 item.after,
                 item.oldest_id,
+            )
+            return None
+        if isinstance(item, HistoryChanged):
+            log.warning(
+                "firm-channel socketio: the database no longer holds messages after %s that"
+                " this server delivered (ids %s); delivering what it holds from there",
+                item.after,
+                item.lost_ids(),
             )
             return None
         assert isinstance(item, Message)

@@ -24,7 +24,9 @@ from .engine.fanout import (
     Consumer,
     ConsumerClosed,
     FanoutClosed,
+    HistoryChanged,
     HistoryTrimmed,
+    Item,
     Message,
     QueueOverflow,
 )
@@ -32,6 +34,7 @@ from .engine.fanout import (
 log = logging.getLogger("flask_firm_channel")
 
 __all__ = [
+    "HISTORY_CHANGED_EVENT",
     "HISTORY_TRIMMED_EVENT",
     "Body",
     "PayloadFormatter",
@@ -48,6 +51,11 @@ __all__ = [
 #: The event sent first on a resumed stream when rows after its cursor may have been trimmed
 #: already; its data is JSON ``{"after": <cursor>, "oldest_id": <int or null>}``.
 HISTORY_TRIMMED_EVENT = "firm-channel-history-trimmed"
+#: The event sent first when the database no longer holds the history the stream followed (a
+#: failover to a server without the last commits, see :class:`HistoryChanged`); its data is
+#: JSON ``{"after": <cursor>, "lost_ids": [<first>, <last>] or null}``, and its id the cursor
+#: the messages that follow resume from.
+HISTORY_CHANGED_EVENT = "firm-channel-history-changed"
 
 #: ``format_payload(message) -> str``: what a message's ``data:`` carries.
 PayloadFormatter = Callable[[Message], "str | bytes"]
@@ -106,11 +114,9 @@ def event_name(channel: bytes) -> str:
     return _single_line("event name", name)
 
 
-def render_shared(
-    item: Message | HistoryTrimmed, format_payload: PayloadFormatter, event: str | None = None
-) -> bytes:
+def render_shared(item: Item, format_payload: PayloadFormatter, event: str | None = None) -> bytes:
     """:func:`render`, once per message, cursor, formatter and event name in this process."""
-    if isinstance(item, HistoryTrimmed):
+    if not isinstance(item, Message):
         return render(item, format_payload, event)
     key = (item.id, item.cursor, item.channel, item.created_at, format_payload, event)
     data = _RENDERED.get(key)
@@ -122,12 +128,14 @@ def render_shared(
     return data
 
 
-def render(
-    item: Message | HistoryTrimmed, format_payload: PayloadFormatter, event: str | None = None
-) -> bytes:
+def render(item: Item, format_payload: PayloadFormatter, event: str | None = None) -> bytes:
     if isinstance(item, HistoryTrimmed):
         notice = json.dumps({"after": item.after, "oldest_id": item.oldest_id})
         return frame(notice, event=HISTORY_TRIMMED_EVENT, id=item.cursor)
+    if isinstance(item, HistoryChanged):
+        lost = list(item.lost) if item.lost is not None else None
+        notice = json.dumps({"after": item.after, "lost_ids": lost})
+        return frame(notice, event=HISTORY_CHANGED_EVENT, id=item.cursor)
     try:
         data = format_payload(item)
     except Exception:

@@ -22,7 +22,7 @@ from flask_firm_channel.engine.callbacks import CallbackRunner
 from flask_firm_channel.engine.cursor import Cursor
 from flask_firm_channel.engine.forkhold import DriverHold
 from flask_firm_channel.engine.health import ListenerHealth
-from flask_firm_channel.engine.message import HistoryTrimmed, Message
+from flask_firm_channel.engine.message import HistoryChanged, HistoryTrimmed, Message
 from flask_firm_channel.engine.poll import Poller
 from flask_firm_channel.engine.settings import Settings
 from flask_firm_channel.engine.subscriptions import Subscriber, SubscriptionRegistry
@@ -49,7 +49,7 @@ class Follower:
     subscribed: int
     unsubscribed: int | None = None
     got: list[Message] = field(default_factory=list)
-    trimmed_notice: bool = False
+    notices: list[HistoryTrimmed | HistoryChanged] = field(default_factory=list)
 
     def owes(self, msg_id: int) -> bool:
         return msg_id > self.anchor or any(a <= msg_id <= b for a, b in self.gaps)
@@ -61,6 +61,7 @@ class World:
         self.table = ModelTable()
         self.registry = SubscriptionRegistry()
         self.callbacks = CallbackRunner()
+        self.health = ListenerHealth()
         engine = sa.create_engine("sqlite://")  # never connected: the plain polling hint
         hint = WakeHint(engine, message_table(sa.MetaData()), Settings(), lambda h: True)
         self.poller = Poller(
@@ -69,7 +70,7 @@ class World:
             hint,
             self.callbacks,
             DriverHold("model"),
-            ListenerHealth(),
+            self.health,
             grace=GRACE,
             table_name="model",
             clock=lambda: self.now,
@@ -89,11 +90,11 @@ class World:
             cursor, anchor, gaps = None, self.table.max_visible(), ()
         follower = Follower(None, channel, anchor, gaps, self.step)  # type: ignore[arg-type]
 
-        def received(item: Message | HistoryTrimmed) -> None:
-            if isinstance(item, HistoryTrimmed):
-                follower.trimmed_notice = True
-            else:
+        def received(item: Message | HistoryTrimmed | HistoryChanged) -> None:
+            if isinstance(item, Message):
                 follower.got.append(item)
+            else:
+                follower.notices.append(item)
 
         follower.sub = Subscriber(
             (channel,), received, anchor=anchor, wants_messages=True, resume=cursor, inline=True
@@ -158,7 +159,7 @@ class World:
         """Must ``follower`` get ``row`` exactly once?"""
         if row.channel != follower.channel or row.committed_at is None:
             return False
-        if not follower.owes(row.id) or row.committed_at - row.created > GRACE:
+        if not follower.owes(row.id) or row.committed_at - row.created >= GRACE:
             return False
         assert row.committed_step is not None
         polled = self.first_poll_after(max(row.committed_step, follower.subscribed))
@@ -170,6 +171,8 @@ class World:
         return row.trimmed_step is None or row.trimmed_step > polled
 
     def check(self) -> None:
+        # Rows only vanish here by trimming, which is no lost history: never reported so.
+        assert self.health.history_changes == 0, self.health.last_history_change
         for follower in self.followers:
             ids = [m.id for m in follower.got]
             assert len(ids) == len(set(ids)), f"delivered twice: {ids}"

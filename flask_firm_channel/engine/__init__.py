@@ -6,7 +6,7 @@ from .cursor import Cursor
 from .errors import MissingTableError
 from .health import ListenerHealth
 from .late import PendingBroadcast
-from .message import HistoryTrimmed, Message
+from .message import HistoryChanged, HistoryTrimmed, Message
 from .pubsub import PubSub
 from .settings import Settings
 from .subscriptions import Subscription
@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_TABLE_NAME",
     "MAX_CHANNEL_BYTES",
     "Cursor",
+    "HistoryChanged",
     "HistoryTrimmed",
     "ListenerHealth",
     "Message",

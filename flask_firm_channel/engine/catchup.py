@@ -11,11 +11,14 @@ batches and handed to them alone, then they are *started* and get live rows like
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Protocol
 
+from .cursor import Cursor, stamp
 from .dispatch import Dispatcher
 from .health import ListenerHealth
-from .message import HistoryTrimmed
+from .message import HistoryChanged, HistoryTrimmed
 from .position import ReadPosition
 from .reads import BATCH, Range, Row
 from .subscriptions import Subscriber
@@ -23,25 +26,35 @@ from .subscriptions import Subscriber
 log = logging.getLogger("flask_firm_channel")
 
 
-class CatchUp:
-    """The subscribers waiting to be caught up, oldest first.
+class TableFacts(Protocol):
+    """What catching up asks the table besides its rows."""
 
-    ``read(ranges)`` reads rows as the listener does; ``bounds()`` returns the table's
-    ``(min(id), max(id))``.
-    """
+    def bounds(self) -> tuple[int | None, int | None]:
+        """``(min(id), max(id))``."""
+
+    def created_at_of(self, ids: Sequence[int]) -> dict[int, datetime]:
+        """``created_at`` of each of ``ids`` the table holds."""
+
+    def first_id_since(self, since: datetime) -> int | None:
+        """The first id created at or after ``since``."""
+
+
+class CatchUp:
+    """The subscribers waiting to be caught up, oldest first. ``read(ranges)`` reads rows
+    as the listener does; ``facts`` answers the rest."""
 
     def __init__(
         self,
         position: ReadPosition,
         dispatcher: Dispatcher,
         read: Callable[[list[Range]], list[Row]],
-        bounds: Callable[[], tuple[int | None, int | None]],
+        facts: TableFacts,
         health: ListenerHealth,
     ) -> None:
         self._position = position
         self._dispatch = dispatcher
         self._read = read
-        self._bounds = bounds
+        self._facts = facts
         self._health = health
         self.waiting: list[Subscriber] = []
 
@@ -105,10 +118,13 @@ class CatchUp:
         return read
 
     def _check_resume(self, sub: Subscriber) -> None:
-        """Tell a resumed subscriber first when the rows right after its cursor are gone."""
+        """Tell a resumed subscriber first when the rows right after its cursor are gone, or
+        when its cursor names a message the table no longer holds as it was."""
         assert sub.resume is not None and sub.anchor is not None
-        oldest, newest = self._bounds()
+        oldest, newest = self._facts.bounds()
         after = str(sub.resume)
+        if sub.resume.last is not None and self._history_changed(sub, sub.resume, newest):
+            return
         if newest is not None and sub.anchor > newest:
             # A cursor from before the table went backwards (emptied with ids reset, restored):
             # nothing above it will come for a long time. Start again from what is there.
@@ -128,3 +144,44 @@ class CatchUp:
             self._health.callback_dropped += 1
         if sub.wants_messages:
             self._dispatch.notice(sub, HistoryTrimmed(after=after, oldest_id=oldest, cursor=after))
+
+    def _history_changed(self, sub: Subscriber, resume: Cursor, newest: int | None) -> bool:
+        """The message ``resume`` was taken after has another ``created_at`` now, or is gone
+        from a table whose ids went backwards below it: the database lost it (a failover to
+        a server without the last commits, a restore) and its id names, or will name,
+        another message. ``sub`` then starts from the first row created after it, but for
+        rows created no later, which it had (``Subscriber.created_floor``), after a
+        :class:`HistoryChanged`.
+
+        False if the table still holds it as it was, or if it is gone from a table that has
+        ids above it: trimmed, or lost with its id never handed out again; either way what
+        the table holds above it is all there is to deliver, as for any resume."""
+        assert resume.last is not None
+        last_id, when = resume.last
+        held = self._facts.created_at_of([last_id]).get(last_id)
+        if held is None:
+            if newest is None or newest >= last_id:
+                return False
+        elif stamp(held) == when:
+            return False
+        created = _EPOCH + timedelta(microseconds=when)
+        first = self._facts.first_id_since(created + timedelta(microseconds=1))
+        parting = resume.high if first is None else min(first - 1, resume.high)
+        cursor = Cursor.of(parting, [(a, min(b, parting)) for a, b in resume.gaps if a <= parting])
+        self._position.restart_from(sub, cursor)
+        sub.created_floor = (created, resume.high)
+        log.warning(
+            "firm-channel: a subscriber on channel %r resumed after %s, a message the database"
+            " no longer holds as it was (a failover to a server without it?); it gets what the"
+            " database holds after id %d",
+            sub.channel,
+            resume,
+            parting,
+        )
+        if sub.wants_messages:
+            notice = HistoryChanged(after=str(resume), lost=None, cursor=str(cursor))
+            self._dispatch.notice(sub, notice)
+        return True
+
+
+_EPOCH = datetime(1970, 1, 1)

@@ -23,12 +23,12 @@ from collections.abc import Iterable
 from typing import Any, Union
 
 from .cursor import Cursor
-from .message import HistoryTrimmed, Message
+from .message import HistoryChanged, HistoryTrimmed, Message
 from .pubsub import PubSub
 
 log = logging.getLogger("flask_firm_channel")
 
-Item = Union[Message, HistoryTrimmed]  # noqa: UP007 - a runtime alias on Python 3.10
+Item = Union[Message, HistoryTrimmed, HistoryChanged]  # noqa: UP007 - a runtime alias on 3.10
 
 __all__ = [
     "Consumer",
@@ -36,6 +36,7 @@ __all__ = [
     "Cursor",
     "Fanout",
     "FanoutClosed",
+    "HistoryChanged",
     "HistoryTrimmed",
     "Item",
     "Message",
@@ -104,7 +105,8 @@ class Consumer:
     # -- the reader's side ----------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> Item | None:
-        """The next message (or :class:`HistoryTrimmed` notice); ``None`` once ``timeout``
+        """The next message (or :class:`HistoryTrimmed` / :class:`HistoryChanged` notice);
+        ``None`` once ``timeout``
         seconds passed without one. Raises :class:`QueueOverflow` once a consumer dropped
         for falling behind has taken what its queue held (resume from :attr:`cursor`), and
         :class:`FanoutClosed` when the process is closing."""

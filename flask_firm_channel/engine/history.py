@@ -38,7 +38,7 @@ log = logging.getLogger("flask_firm_channel")
 class History:
     """``move_ids(last)`` makes the table's next id larger than ``last``; ``move_ids_sql``
     is the statement that does it, for a person to run (named when ``move_ids`` fails);
-    ``retention``: rows older than this may have been trimmed (gone, not lost)."""
+    ``grace``: the commit grace, the youngest age at which a row may be trimmed."""
 
     def __init__(
         self,
@@ -50,7 +50,7 @@ class History:
         health: ListenerHealth,
         *,
         table_name: str,
-        retention: float,
+        grace: float,
         move_ids: Callable[[int], None],
         move_ids_sql: Callable[[int], str],
         clock: Callable[[], float],
@@ -62,7 +62,7 @@ class History:
         self._busy = busy
         self._health = health
         self._table_name = table_name
-        self._retention = retention
+        self._grace = grace
         self._move_ids = move_ids
         self._move_ids_sql = move_ids_sql
         self._clock = clock
@@ -79,7 +79,9 @@ class History:
         before, self.marker = self.marker, marker
         if before is None or marker == before:
             return False
-        return self.check(f"the database failed over (timeline {before} to {marker})")
+        return self.check(
+            f"the database failed over (timeline {before} to {marker})", failed_over=True
+        )
 
     def newest_still_held(self) -> bool | None:
         """Whether the newest row taken is still in the table as it was: True, False (another
@@ -93,25 +95,30 @@ class History:
             return None
         return held[newest_id] == created_at
 
-    def check(self, reason: str, *, shared: bool = False) -> bool:
+    def check(self, reason: str, *, failed_over: bool = False) -> bool:
         """Compare the rows taken last with the table; if some are lost, say so, move the ids
         past them, and go back to where the histories part. True if some were lost.
 
-        ``shared``: only if the two histories share the older of those rows (without a
-        failover to tell, a table none of whose rows is left was emptied or replaced: the
-        caller starts again from zero instead, see ``ReadPosition.went_backwards``)."""
+        A row that has another ``created_at`` is lost (its id was handed out again). A row
+        that is gone is lost if the database ``failed_over``, or if it is younger than the
+        commit grace (no trim takes such a row); an older one may have been trimmed. Without
+        a failover, the histories must share one of those rows too: a table none of whose
+        rows is left was emptied or replaced, and the caller starts again from zero
+        (``ReadPosition.went_backwards``)."""
         position = self.position
         recent = sorted(position.recent)
         if not recent:
             return False
         with self._busy.lock:
             held = self._reads.created_at_of([i for i, _ in recent])
-        if shared and not any(held.get(i) == c for i, c in recent):
+        if not failed_over and not any(held.get(i) == c for i, c in recent):
             return False
-        # A row gone that may have been trimmed is not lost; a row that has another
-        # created_at is (its id was handed out again).
-        trimmed_before = _naive_utc(self._clock() - self._retention)
-        lost = [(i, c) for i, c in recent if held.get(i) != c and (i in held or c > trimmed_before)]
+        trimmable = _naive_utc(self._clock() - self._grace)
+        lost = [
+            (i, c)
+            for i, c in recent
+            if held.get(i) != c and (i in held or failed_over or c > trimmable)
+        ]
         if not lost:
             log.info(
                 "firm-channel listener for %s: %s; the %d messages it delivered last are all "

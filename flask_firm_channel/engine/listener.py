@@ -109,7 +109,6 @@ class Listener:
             self._health,
             grace=settings.commit_grace,
             table_name=table.name,
-            retention=settings.message_retention,
             move_ids=self._move_ids_past,
             move_ids_sql=lambda last: dialect.move_ids_sql(table, last),
             on_start=self._check_indexes,

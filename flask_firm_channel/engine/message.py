@@ -44,3 +44,7 @@ class HistoryChanged:
     after: str
     lost: tuple[int, int] | None
     cursor: str
+
+    def lost_ids(self) -> str:
+        """The ids lost, in words: ``"6 to 45"`` (or ``"unknown"``)."""
+        return "unknown" if self.lost is None else f"{self.lost[0]} to {self.lost[1]}"

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from .backends import WakeHint
@@ -69,7 +69,6 @@ class Poller:
         *,
         grace: float,
         table_name: str,
-        retention: float = 86400.0,
         move_ids: Callable[[int], None] = _cannot_move_ids,
         move_ids_sql: Callable[[int], str] = str,
         on_start: Callable[[], None] = _nothing,
@@ -85,7 +84,7 @@ class Poller:
         self.reads = reads
         self.position = ReadPosition(grace)
         self.dispatch = Dispatcher(registry, self.position, callbacks, health)
-        self.catch_up = CatchUp(self.position, self.dispatch, self._read, self._bounds, health)
+        self.catch_up = CatchUp(self.position, self.dispatch, self._read, self, health)
         self.history = History(
             reads,
             self.position,
@@ -94,7 +93,7 @@ class Poller:
             busy,
             health,
             table_name=table_name,
-            retention=retention,
+            grace=grace,
             move_ids=move_ids,
             move_ids_sql=move_ids_sql,
             clock=clock,
@@ -117,9 +116,7 @@ class Poller:
         self.position = previous.position.copy()
         self.dispatch.position = self.history.position = self.position
         self.history.marker = previous.history.marker
-        self.catch_up = CatchUp(
-            self.position, self.dispatch, self._read, self._bounds, self._health
-        )
+        self.catch_up = CatchUp(self.position, self.dispatch, self._read, self, self._health)
         self.catch_up.add(s for s in previous.catch_up.waiting if not s.started)
 
     # -- carried messages -----------------------------------------------------------------
@@ -231,9 +228,19 @@ class Poller:
         self._health.rows_read += len(rows)
         return rows
 
-    def _bounds(self) -> tuple[int | None, int | None]:
+    # -- what catching up asks the table (catchup.TableFacts) -------------------------------
+
+    def bounds(self) -> tuple[int | None, int | None]:
         with self._busy.lock:
             return self.reads.min_id(), self.reads.max_id()
+
+    def created_at_of(self, ids: Sequence[int]) -> dict[int, datetime]:
+        with self._busy.lock:
+            return self.reads.created_at_of(ids)
+
+    def first_id_since(self, since: datetime) -> int | None:
+        with self._busy.lock:
+            return self.reads.first_id_since(since)
 
     def _read_new(self, now: float) -> int:
         ranges = self.position.ranges()
@@ -329,7 +336,7 @@ class Poller:
             reason = f"the table went backwards (max id {max_id} < {high_water})"
         else:
             return
-        if self.history.check(reason, shared=True):
+        if self.history.check(reason):
             self.more = True  # read again at once, from where the histories part
             return
         log.warning(

@@ -397,8 +397,11 @@ class ReadPosition:
     def restart_resume(self, sub: Subscriber, oldest: int | None) -> None:
         """``sub``'s cursor is above everything the table holds (it went backwards since):
         start it again from what is there."""
-        sub.anchor = 0 if oldest is None else oldest - 1
-        sub.resume = Cursor(sub.anchor)
+        self.restart_from(sub, Cursor(0 if oldest is None else oldest - 1))
+
+    def restart_from(self, sub: Subscriber, cursor: Cursor) -> None:
+        """Catch ``sub`` up from ``cursor`` instead of the one it resumed from."""
+        sub.anchor, sub.resume = cursor.high, cursor
         self.anchor_epoch += 1
 
     # -- the table going backwards ----------------------------------------------------------
