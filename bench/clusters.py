@@ -36,11 +36,7 @@ import sqlalchemy as sa
 
 from flask_firm_channel import PubSub, Settings, message_table
 from flask_firm_channel.engine.late import PendingBroadcast
-from tests.clusters.galera import GaleraCluster
-from tests.clusters.pgpair import PostgresPair
-from tests.fault_support import Broadcaster, SubscriberProcess, committed_payloads
-
-from .cluster_consumers import (
+from tests.clusters.consumers import (
     InProcessApp,
     LogRecorder,
     SSEClient,
@@ -48,6 +44,9 @@ from .cluster_consumers import (
     table,
     wait_for,
 )
+from tests.clusters.galera import GaleraCluster
+from tests.clusters.pgpair import PostgresPair
+from tests.fault_support import Broadcaster, SubscriberProcess, committed_payloads
 
 CHANNEL = "room"
 

@@ -1,8 +1,8 @@
-"""The consumers ``python -m bench.clusters`` watches through a fault, each recording what it
-got and when: an app of this process (a ``subscribe_messages`` callback, a ``listen()`` loop and
-an SSE endpoint served by Werkzeug), SSE clients in their own processes
-(``tests/proc_sse_client.py``, connected throughout or resuming with a ``Last-Event-ID``), and
-a subscriber process (``tests.fault_support.SubscriberProcess``)."""
+"""The consumers the cluster tests and ``python -m bench.clusters`` watch through a fault,
+each recording what it got and when: an app of this process (a ``subscribe_messages``
+callback, a ``listen()`` loop and an SSE endpoint served by Werkzeug), SSE clients in their
+own processes (``tests/proc_sse_client.py``, connected throughout or resuming with a
+``Last-Event-ID``), and a subscriber process (``tests.fault_support.SubscriberProcess``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from werkzeug.serving import make_server
 
 from flask_firm_channel import FirmChannel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class LogRecorder(logging.Handler):
@@ -59,6 +59,7 @@ class InProcessApp:
         self.db = SQLAlchemy(self.app)
         self.fc = FirmChannel(self.app, table_name=table)
         self.got: dict[str, list[tuple[int, str, float]]] = {"callback": [], "listen": []}
+        self.notices: list[Any] = []
         self._lock = threading.Lock()
 
         @self.app.get("/events")
@@ -81,7 +82,9 @@ class InProcessApp:
         return f"http://127.0.0.1:{self.port}/events"
 
     def _on_message(self, message: Any) -> None:
-        if not hasattr(message, "payload"):  # HistoryTrimmed
+        if not hasattr(message, "payload"):  # a notice: HistoryTrimmed, HistoryChanged
+            with self._lock:
+                self.notices.append(message)
             return
         with self._lock:
             self.got["callback"].append((message.id, message.payload.decode(), time.time()))
@@ -137,7 +140,8 @@ class SSEClient:
                 self.other.append(record)
 
     def payloads(self) -> list[str]:
-        return [e["data"] for e in self.events if e["type"] != "firm-channel-history-trimmed"]
+        """The messages' data, without the engine's notices."""
+        return [e["data"] for e in self.events if not e["type"].startswith("firm-channel-")]
 
     def close(self) -> None:
         if self.proc.poll() is None:
