@@ -212,9 +212,7 @@ def test_sync_crash_and_promotion_under_load_loses_and_duplicates_nothing(
         assert [p for p in acknowledged if counts[p] != 1] == [], name
         assert [p for p in got if p not in acknowledged] == [], name  # nothing unacknowledged
     assert world.app.health().history_changes == 0
-    infos = [
-        m for _, level, m in world.logs.records if level == "ERROR" and "no longer holds" in m
-    ]
+    infos = [m for _, level, m in world.logs.records if level == "ERROR" and "no longer holds" in m]
     assert infos == []
     print(f"{len(acknowledged)} acknowledged, {time.monotonic() - crashed:.1f} s after the crash")
 
