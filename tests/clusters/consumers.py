@@ -13,14 +13,19 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 from werkzeug.serving import make_server
 
-from flask_firm_channel import FirmChannel
+from flask_firm_channel import FirmChannel, PubSub, Settings, message_table
+
+from ..fault_support import SubscriberProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,3 +181,127 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
     ]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+CHANNEL = "room"
+
+
+def new_table(url: str) -> str:
+    name = f"fc_failover_{uuid.uuid4().hex[:8]}"
+    engine = sa.create_engine(url, poolclass=sa.NullPool, connect_args={"connect_timeout": 3})
+    message_table(sa.MetaData(), name).create(engine)
+    engine.dispose()
+    return name
+
+
+def broadcast_retrying(pubsub: PubSub, payload: str, within: float = 30.0) -> int:
+    """Broadcast, trying again while the database fails over (as an app would)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return pubsub.broadcast(CHANNEL, payload)
+        except sa.exc.DBAPIError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.02)
+
+
+class World:
+    """The app (callback, listen(), SSE endpoint), a subscriber process, an SSE client
+    connected throughout, and a publisher, all on ``url`` (a cluster's multi-host URL)."""
+
+    def __init__(self, url: str) -> None:
+        self.closers: list[Any] = []
+        self.logs = LogRecorder()
+        self.closers.append(self.logs.close)
+        self.table = new_table(url)
+        self.engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
+        self.closers.append(self.engine.dispose)
+        self.publisher = PubSub(
+            self.engine, message_table(sa.MetaData(), self.table), Settings(auto_trim=False)
+        )
+        self.closers.insert(0, self.publisher.close)
+        self.app = InProcessApp(url, self.table, CHANNEL)
+        self.closers.insert(0, self.app.close)
+        self.process = SubscriberProcess(url, self.table, CHANNEL)
+        self.closers.insert(0, self.process.close)
+        self.stream = SSEClient(self.app.sse_url)
+        self.closers.insert(0, self.stream.close)
+        self.consumers: dict[str, Callable[[], list[str]]] = {
+            "subscriber process": self.process.payloads,
+            "app callback": lambda: self.app.payloads("callback"),
+            "app listen()": lambda: self.app.payloads("listen"),
+            "SSE connected throughout": self.stream.payloads,
+        }
+
+    def all_have(self, payloads: list[str], timeout: float = 20.0) -> None:
+        def done() -> bool:
+            return all(set(payloads) <= set(get()) for get in self.consumers.values())
+
+        wait_until(done, timeout, f"every consumer has {payloads[0]}..{payloads[-1]}")
+
+    def close(self) -> None:
+        for close in self.closers:
+            close()
+
+
+class Load:
+    """One broadcast every ``interval`` seconds on ``world``'s publisher, in a thread; a
+    broadcast that raises is not acknowledged (the app would try again with a new payload).
+    ``acknowledged`` are the payloads whose broadcast returned."""
+
+    def __init__(self, world: World, interval: float = 0.02) -> None:
+        self.world = world
+        self.interval = interval
+        self.acknowledged: list[str] = []
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def wait_for(self, more: int, timeout: float, what: str) -> None:
+        count = len(self.acknowledged)
+        wait_until(lambda: len(self.acknowledged) >= count + more, timeout, what)
+
+    def _run(self) -> None:
+        k = 0
+        while not self._stop.is_set():
+            payload = f"m{k:05d}"
+            k += 1
+            try:
+                self.world.publisher.broadcast(CHANNEL, payload)
+            except sa.exc.DBAPIError:
+                self.failed += 1
+                time.sleep(self.interval)
+                continue
+            self.acknowledged.append(payload)
+            time.sleep(self.interval)
+
+    def check_each_once(self) -> None:
+        """Every acknowledged message reached every consumer once, and nothing else came."""
+        from collections import Counter
+
+        self.world.all_have(self.acknowledged[-1:], 30)
+        for name, get in self.world.consumers.items():
+            got = get()
+            counts = Counter(got)
+            assert [p for p in self.acknowledged if counts[p] != 1] == [], name
+            assert [p for p in got if p not in self.acknowledged] == [], name

@@ -13,92 +13,19 @@ the app on the multi-host URL (``host=a&host=b&target_session_attrs=read-write``
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
-from flask_firm_channel import HISTORY_CHANGED_EVENT, PubSub, Settings, message_table
+from flask_firm_channel import HISTORY_CHANGED_EVENT
 
-from ..fault_support import SubscriberProcess
-from .consumers import InProcessApp, LogRecorder, SSEClient
+from .consumers import CHANNEL, Load, SSEClient, World, broadcast_retrying
 from .pgpair import PostgresPair
 
 pytestmark = pytest.mark.cluster
-
-CHANNEL = "room"
-
-
-def _table(url: str) -> str:
-    name = f"fc_failover_{uuid.uuid4().hex[:8]}"
-    engine = sa.create_engine(url, poolclass=sa.NullPool, connect_args={"connect_timeout": 3})
-    message_table(sa.MetaData(), name).create(engine)
-    engine.dispose()
-    return name
-
-
-def _broadcast(pubsub: PubSub, payload: str, within: float = 30.0) -> int:
-    """Broadcast, trying again while the database fails over (as an app would)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return pubsub.broadcast(CHANNEL, payload)
-        except sa.exc.DBAPIError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.02)
-
-
-class World:
-    """The app (callback, listen(), SSE endpoint), a subscriber process, an SSE client
-    connected throughout, and a publisher, all on the pair's multi-host URL."""
-
-    def __init__(self, pair: PostgresPair) -> None:
-        self.closers: list[Any] = []
-        self.logs = LogRecorder()
-        self.closers.append(self.logs.close)
-        self.table = _table(pair.url)
-        self.engine = sa.create_engine(pair.url, connect_args={"connect_timeout": 3})
-        self.closers.append(self.engine.dispose)
-        self.publisher = PubSub(
-            self.engine, message_table(sa.MetaData(), self.table), Settings(auto_trim=False)
-        )
-        self.closers.insert(0, self.publisher.close)
-        self.app = InProcessApp(pair.url, self.table, CHANNEL)
-        self.closers.insert(0, self.app.close)
-        self.process = SubscriberProcess(pair.url, self.table, CHANNEL)
-        self.closers.insert(0, self.process.close)
-        self.stream = SSEClient(self.app.sse_url)
-        self.closers.insert(0, self.stream.close)
-        self.consumers: dict[str, Callable[[], list[str]]] = {
-            "subscriber process": self.process.payloads,
-            "app callback": lambda: self.app.payloads("callback"),
-            "app listen()": lambda: self.app.payloads("listen"),
-            "SSE connected throughout": self.stream.payloads,
-        }
-
-    def all_have(self, payloads: list[str], timeout: float = 20.0) -> None:
-        def done() -> bool:
-            return all(set(payloads) <= set(get()) for get in self.consumers.values())
-
-        _wait(done, timeout, f"every consumer has {payloads[0]}..{payloads[-1]}")
-
-    def close(self) -> None:
-        for close in self.closers:
-            close()
 
 
 @pytest.fixture
@@ -107,7 +34,7 @@ def world_on(make_pg_pair: Callable[..., PostgresPair]) -> Iterator[Callable[...
 
     def make(synchronous: bool) -> tuple[PostgresPair, World]:
         pair = make_pg_pair(synchronous=synchronous)
-        made.append((pair, World(pair)))
+        made.append((pair, World(pair.url)))
         return made[-1]
 
     yield make
@@ -137,7 +64,7 @@ def test_async_lost_tail_every_new_message_once_loss_reported_and_no_id_reused(
 
     # New messages at once: the new primary's sequence hands the lost ids out again.
     new = [f"new-{i}" for i in range(13)]
-    new_ids = [_broadcast(publisher, p) for p in new]
+    new_ids = [broadcast_retrying(publisher, p) for p in new]
     assert set(new_ids) & set(lost_ids), "the new primary handed out no lost id: no test"
     world.all_have(new)
     delivering_again = time.monotonic() - promoted
@@ -145,7 +72,7 @@ def test_async_lost_tail_every_new_message_once_loss_reported_and_no_id_reused(
     world.closers.insert(0, resumed.close)
     world.consumers["SSE resumed from before the failover"] = resumed.payloads
     later = [f"later-{i}" for i in range(5)]
-    later_ids = [_broadcast(publisher, p) for p in later]
+    later_ids = [broadcast_retrying(publisher, p) for p in later]
     world.all_have(later)
 
     # Every message of the new primary, once, at every consumer; nothing else came again.
@@ -179,42 +106,19 @@ def test_sync_crash_and_promotion_under_load_loses_and_duplicates_nothing(
     world_on: Callable[..., tuple[PostgresPair, World]],
 ) -> None:
     pair, world = world_on(True)
-    acknowledged: list[str] = []
-    stop = threading.Event()
-
-    def broadcast() -> None:
-        k = 0
-        while not stop.is_set():
-            payload = f"m{k:05d}"
-            k += 1
-            try:
-                world.publisher.broadcast(CHANNEL, payload)
-            except sa.exc.DBAPIError:
-                continue  # not acknowledged: the app would try again with a new payload
-            acknowledged.append(payload)
-            time.sleep(0.02)
-
-    sender = threading.Thread(target=broadcast, daemon=True)
-    sender.start()
-    try:
-        _wait(lambda: len(acknowledged) >= 100, 30, "100 broadcasts before the crash")
+    with Load(world) as load:
+        load.wait_for(100, 30, "100 broadcasts before the crash")
         crashed = time.monotonic()
         pair.fail_over()
-        count = len(acknowledged)
-        _wait(lambda: len(acknowledged) >= count + 100, 60, "100 broadcasts after the promotion")
-    finally:
-        stop.set()
-        sender.join(10)
-    world.all_have(acknowledged[-1:], 30)
-    for name, get in world.consumers.items():
-        got = get()
-        counts = Counter(got)
-        assert [p for p in acknowledged if counts[p] != 1] == [], name
-        assert [p for p in got if p not in acknowledged] == [], name  # nothing unacknowledged
+        load.wait_for(100, 60, "100 broadcasts after the promotion")
+    load.check_each_once()
     assert world.app.health().history_changes == 0
-    infos = [m for _, level, m in world.logs.records if level == "ERROR" and "no longer holds" in m]
-    assert infos == []
-    print(f"{len(acknowledged)} acknowledged, {time.monotonic() - crashed:.1f} s after the crash")
+    reports = [m for _, level, m in world.logs.records if "no longer holds" in m]
+    assert reports == []
+    print(
+        f"{len(load.acknowledged)} acknowledged, {load.failed} failed,"
+        f" {time.monotonic() - crashed:.1f} s after the crash"
+    )
 
 
 def test_the_failover_check_says_nothing_was_lost_when_nothing_was(
@@ -229,7 +133,7 @@ def test_the_failover_check_says_nothing_was_lost_when_nothing_was(
         world.publisher.broadcast(CHANNEL, p)
     world.all_have(first)
     pair.fail_over()
-    _broadcast(world.publisher, "after")
+    broadcast_retrying(world.publisher, "after")
     world.all_have(["after"])
     said = [r.getMessage() for r in caplog.records if "all still there" in r.getMessage()]
     assert said and "failed over (timeline" in said[0]
