@@ -308,14 +308,7 @@ class Listener:
         self._health.restarts += 1
         self._health.last_error = f"{type(exc).__name__}: {exc}"
         self._health.last_error_at = time.time()
-        log.error(
-            "firm-channel listener for %s stopped by %r; restarting in %.2fs from id %s",
-            self._table.name,
-            exc,
-            backoff,
-            self._high_water,
-            exc_info=exc,
-        )
+        self._poll_errors.restarted(exc, backoff, self._high_water)
         with self._busy:
             self._reads.close()
 
