@@ -67,7 +67,7 @@ def _no_app(exc: NoAppException) -> str:
 firm_channel_cli = _Commands(
     "firm-channel",
     help="Database-backed pub/sub: table, broadcast, tail, stats, trim. Works on your app:"
-    " `flask --app yourapp firm-channel COMMAND` (or FLASK_APP=yourapp).",
+    " flask --app yourapp firm-channel COMMAND (or FLASK_APP=yourapp).",
 )
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
