@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
 
-from flask_firm_channel import PubSub, Settings, message_table
+from flask_firm_channel import FirmChannel, PubSub, Settings, message_table
 
 from .conftest import BACKENDS, SERVER_URLS, require_backend, wait_for
 from .tcp_proxy import BlackHoleProxy
@@ -186,3 +188,21 @@ def test_getting_through_is_said_once_and_delivers(
         assert "is there; delivering" in back[0], back
     else:
         assert "works again, after" in back[0] and "failed attempts" in back[0], back
+
+
+def test_a_listen_url_whose_driver_is_not_installed_is_refused_at_init_app() -> None:
+    """``FIRM_CHANNEL_LISTEN_URL`` (PostgreSQL only) names a driver that is not installed: a
+    clear error when the app is set up, not a wake hint failing once it runs."""
+    app = Flask("listen_url")
+    app.config.update(
+        SQLALCHEMY_DATABASE_URI=SERVER_URLS["postgresql"],
+        FIRM_CHANNEL_LISTEN_URL="postgresql+psycopg2://postgres:secret@127.0.0.1:5432/test",
+    )
+    SQLAlchemy(app)
+    with pytest.raises(ValueError) as refused:
+        FirmChannel(app)
+    assert str(refused.value) == (
+        "FIRM_CHANNEL_LISTEN_URL: the database driver 'psycopg2' is not installed: pip install"
+        ' psycopg2-binary, or use postgresql+psycopg:// with "flask-firm-channel[postgres]"'
+    )
+    assert "firm_channel" not in app.extensions
