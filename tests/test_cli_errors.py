@@ -130,10 +130,13 @@ def test_cli_app_subscriber_is_not_what_fails(make_app: Callable[..., Any]) -> N
 WRONG = {
     "no-database": lambda url: url.set(database="fc_missing_db"),
     "credentials": lambda url: url.set(username="fc_nobody", password="wrong"),
+    # .invalid is reserved: no resolver knows it (RFC 6761).
+    "unknown-host": lambda url: url.set(host="no-such-host.invalid"),
 }
 SAYS = {
     "no-database": "does not exist",
     "credentials": "the server refused the user or password",
+    "unknown-host": "the database host name is unknown",
 }
 #: A driver that is not installed here, by backend (SQLite's is part of Python).
 NOT_INSTALLED = {

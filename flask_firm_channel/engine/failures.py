@@ -3,7 +3,8 @@
 :func:`diagnose` names the cause of a failure to reach the database from the driver's own
 error, with what to fix: the database does not exist, the server refuses the connection, the
 user or password is wrong, the host is unknown, the driver is not installed, SQLite cannot
-open its file. Anything else is not diagnosed (None).
+open its file; and the server closing a connection (a restart, a failover). Anything else is
+not diagnosed (None).
 
 :class:`FailureLog` is the rule for code that retries (the listener, a wake hint): the first
 failure is said at the level it deserves, a diagnosed one as one line (its traceback at DEBUG),
@@ -45,7 +46,7 @@ _DRIVERS = {
 class Diagnosis:
     """Why the database could not be used, in words a person acts on."""
 
-    #: ``no-database``, ``refused``, ``credentials``, ``unknown-host``, ``timeout``,
+    #: ``no-database``, ``refused``, ``credentials``, ``unknown-host``, ``lost``, ``timeout``,
     #: ``no-driver`` or ``cannot-open``: failures of the same kind are one failure.
     kind: str
     #: What went wrong (``database "shop" does not exist``).
@@ -130,10 +131,16 @@ def diagnose(exc: BaseException, url: URL | str | None = None) -> Diagnosis | No
             "the server refused the user or password",
             "check the user name and password in the database URL",
         )
-    if (
-        code == 2005
-        or "could not translate host name" in lowered
-        or "unknown mysql server host" in lowered
+    if code == 2005 or any(
+        words in lowered
+        for words in (
+            "could not translate host name",
+            "failed to resolve host",
+            "unknown mysql server host",
+            "name or service not known",
+            "nodename nor servname",
+            "temporary failure in name resolution",
+        )
     ):
         return Diagnosis(
             "unknown-host",
@@ -147,6 +154,21 @@ def diagnose(exc: BaseException, url: URL | str | None = None) -> Diagnosis | No
             "refused",
             "no database server answers there (connection refused)",
             "check that the server runs and that the host and port in the database URL are right",
+        )
+    if code in (2006, 2013) or any(
+        words in lowered
+        for words in (
+            "server closed the connection unexpectedly",
+            "terminating connection due to administrator command",
+            "connection has been closed unexpectedly",
+            "lost connection to mysql server",
+            "mysql server has gone away",
+        )
+    ):
+        return Diagnosis(
+            "lost",
+            "the database server closed the connection (a restart, a failover, a proxy)",
+            "nothing to do if it comes back; it reconnects as soon as the server answers",
         )
     if "timeout expired" in lowered or "timed out" in lowered:
         return Diagnosis(
