@@ -221,6 +221,13 @@ def _from_driver(exc: BaseException) -> bool:
 _DRIVER_MODULES = {"psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "mysql", "mariadb"}
 
 
+def _signature(exc: BaseException) -> str:
+    """What makes two undiagnosed failures the same one: the driver's error and its text,
+    without the statement and parameters SQLAlchemy adds (they change from try to try)."""
+    orig = getattr(exc, "orig", None) or exc
+    return f"{type(orig).__name__}: {_text(exc)}"
+
+
 class FailureLog:
     """The failures of one thing that retries, said once each: what it is (``what``, e.g.
     ``"firm-channel listener for table t"``), the URL it uses, and what it does meanwhile
@@ -243,7 +250,7 @@ class FailureLog:
     def failed(self, exc: BaseException, level: int = logging.ERROR) -> None:
         """Say ``exc`` at ``level`` unless it is the failure said last."""
         diagnosis = diagnose(exc, self.url)
-        said = diagnosis.kind if diagnosis is not None else f"{type(exc).__name__}: {exc}"
+        said = diagnosis.kind if diagnosis is not None else _signature(exc)
         self._failures += 1
         if said == self._said:
             log.debug("%s: failed again (%d in a row)", self.what, self._failures, exc_info=exc)
@@ -298,7 +305,7 @@ class HintFailures:
         """``what`` failed with ``exc``; ``worked`` changes whenever the hint did its work
         (a wake-up, a reconnect) since the last failure."""
         diagnosis = diagnose(exc)
-        said = (diagnosis.kind if diagnosis else f"{type(exc).__name__}: {exc}", worked)
+        said = (diagnosis.kind if diagnosis else _signature(exc), worked)
         quiet = said == self._said or (
             not self.own_url and diagnosis is not None and diagnosis.kind in UNREACHABLE
         )
