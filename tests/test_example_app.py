@@ -102,6 +102,7 @@ def test_a_plain_text_broadcast_is_a_line_of_the_room_live_and_after_a_reload(
         with app.app_context():
             plain_id = firm_channel.broadcast("room:lobby", "hello from a shell <b>")
             firm_channel.broadcast("room:lobby", '{"msg": "json, but no chat message"}')
+            firm_channel.broadcast("room:lobby", '{"author": "bot", "text": "chat-like"}')
             firm_channel.broadcast("room:dev", "another room")
             # What the room's stream sends for it: its payload hook on the delivered message.
             with firm_channel.listen("room:lobby", after_id=plain_id - 1, timeout=10) as it:
@@ -115,12 +116,14 @@ def test_a_plain_text_broadcast_is_a_line_of_the_room_live_and_after_a_reload(
             "from the page",
             "hello from a shell &lt;b&gt;",
             "{&#34;msg&#34;: &#34;json, but no chat message&#34;}",
+            "chat-like",
         ]
         assert page.count('class="plain"') == 2 and "another room" not in page
+        assert "broadcast on room:lobby · rendered" in page and "worker None" not in page
         seen = json.loads(
             re.search(r'data-seen="([^"]+)"', page).group(1).replace("&#34;", '"')  # type: ignore[union-attr]
         )
-        assert seen == sorted(seen) and plain_id in seen and len(seen) == 3
+        assert seen == sorted(seen) and plain_id in seen and len(seen) == 4
     finally:
         firm_channel.close(app)
 

@@ -35,6 +35,7 @@
     via.className = "via";
     via.textContent = (m.author === null
       ? "plain text on " + chat.dataset.channel + ", not posted from this page"
+      : m.posted_by === null ? "broadcast on " + chat.dataset.channel
       : "stored by worker " + m.posted_by) + " · delivered live by worker " + m.delivered_by;
     li.append(author, " ", text, via);
     list.append(li);
