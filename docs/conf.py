@@ -32,6 +32,8 @@ root_doc = "index"
 exclude_patterns = ["_build"]
 myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 3
+# Quotes and ellipses, but no dashes: "--app" in a command's help stays two hyphens.
+smartquotes_action = "qe"
 
 # The API reference: signatures with their type hints, hints shown in the description.
 autodoc_typehints = "description"
@@ -61,7 +63,13 @@ nitpick_ignore_regex = [
 ]
 
 html_theme = "flask"
-html_theme_options = {"index_sidebar_logo": False}
+html_theme_options = {
+    "index_sidebar_logo": False,
+    # Every page in the sidebar of every page, the current one's sections open beneath it.
+    "globaltoc_maxdepth": 2,
+    "globaltoc_collapse": True,
+}
+html_sidebars = {"**": ["globaltoc.html", "relations.html", "searchbox.html"]}
 html_title = f"flask-firm-channel {release}"
 html_static_path: list[str] = []
 html_show_sourcelink = False

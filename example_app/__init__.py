@@ -6,21 +6,32 @@ if the row commits. Every open page follows its room over Server-Sent Events, se
 whichever gunicorn worker took the connection, and that worker got the message from the
 database, whichever worker handled the post. Each page says which worker served it, and each
 message which worker stored it and which delivered it. A page that loses its connection
-reconnects with the id of the last event it got and is replayed what it missed.
+reconnects with the id of the last event it got and is replayed what it missed. Anything
+else broadcast on a room's channel (``flask --app example_app firm-channel broadcast
+room:lobby "hello"``, another program) shows in the room too, as plain text.
+
+The admin console is at ``/_channels/`` and the fleet's metrics at ``/_channels/metrics``,
+for requests from this machine only (``from_loopback``).
 
 Run it: ``bash scripts/run-example.sh`` (gunicorn, 3 gthread workers, a SQLite file).
 ``EXAMPLE_DATABASE_URL`` points it at PostgreSQL or MariaDB instead; every other
 ``EXAMPLE_<KEY>`` environment variable sets ``app.config[KEY]`` (for instance
 ``EXAMPLE_FIRM_CHANNEL_SSE_HEARTBEAT=5``; ``EXAMPLE_CREATE_TABLES=false`` leaves the tables
-to ``flask --app example_app init-db``).
+to ``flask --app example_app init-db``; ``EXAMPLE_FIRM_CHANNEL_ADMIN=false`` turns the console
+off).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -42,6 +53,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flask_firm_channel import FirmChannel, Message
+from flask_firm_channel.admin import from_loopback
+from flask_firm_channel.engine.errors import one_line
+from flask_firm_channel.engine.failures import missing_driver
 
 #: Lets the test suite give every run its own tables in a shared database.
 PREFIX = os.environ.get("EXAMPLE_TABLE_PREFIX", "")
@@ -52,6 +66,9 @@ HISTORY = 50
 
 db = SQLAlchemy()
 firm_channel = FirmChannel(table_name=f"{PREFIX}firm_channel_messages")
+# The admin console and its metrics, for requests from this machine only: whatever address
+# gunicorn listens on, a request from elsewhere (or through a proxy) gets a bare 403.
+firm_channel.admin_authorizer(from_loopback)
 
 
 class ChatMessage(db.Model):  # type: ignore[name-defined,misc]
@@ -65,7 +82,7 @@ class ChatMessage(db.Model):  # type: ignore[name-defined,misc]
     #: The worker process that stored it.
     posted_by: Mapped[int]
     #: The id of its broadcast: where a page rendered with this message resumes its stream.
-    event_id: Mapped[int | None] = mapped_column(default=None)
+    event_id: Mapped[int | None] = mapped_column(default=None, index=True)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -91,17 +108,18 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
             "EXAMPLE_DATABASE_URL", f"sqlite:///{os.path.join(app.instance_path, 'example.db')}"
         ),
         FIRM_CHANNEL_SSE_RETRY=1,
+        FIRM_CHANNEL_ADMIN=True,
     )
     app.config.from_prefixed_env("EXAMPLE")
     app.config.update(config or {})
-    db.init_app(app)
-    firm_channel.init_app(app)
-    if app.config.get("CREATE_TABLES", True):
-        create_tables(app)  # a no-op once they exist; safe when several workers race
-    with app.app_context():
-        # Set the engine up now (on SQLite: WAL mode) rather than inside the first post's
-        # transaction, which flushes its row before it broadcasts.
-        firm_channel.pubsub()
+    # A wrong EXAMPLE_DATABASE_URL (no such database, no server, a driver not installed)
+    # is one line that says what to fix, not a traceback.
+    with setting_errors(app):
+        db.init_app(app)
+        firm_channel.init_app(app)
+        if app.config.get("CREATE_TABLES", True):
+            create_tables(app)  # a no-op once they exist; safe when several workers race
+        start_listening(app)
     app.cli.add_command(init_db)
 
     def csrf_token() -> str:
@@ -123,22 +141,23 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     def index() -> Any:
         return redirect(url_for("room_page", room=ROOMS[0]))
 
+    @app.get("/favicon.ico")
+    def favicon() -> Any:
+        # Where browsers look on pages that name no icon (the admin console's).
+        return redirect(url_for("static", filename="favicon.svg"))
+
     @app.get("/rooms/<room>")
     def room_page(room: str) -> str:
         check_room(room)
-        rows = db.session.scalars(
-            select(ChatMessage)
-            .where(ChatMessage.room == room)
-            .order_by(ChatMessage.id.desc())
-            .limit(HISTORY)
-        ).all()[::-1]
+        lines = history(room)
         return render_template(
             "room.html",
             room=room,
             rooms=ROOMS,
-            messages=rows,
-            cursor=resume_cursor(rows),
+            lines=lines,
+            cursor=resume_cursor(lines),
             pid=os.getpid(),
+            admin=app.config["FIRM_CHANNEL_ADMIN"],
         )
 
     @app.post("/rooms/<room>/messages")
@@ -186,9 +205,47 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
             streams=streams["open"],
             dropped=streams["dropped"],
             listener=firm_channel.health().wake_detail,
+            received=dict(RECEIVED),
         )
 
     return app
+
+
+def start_listening(app: Flask) -> None:
+    """Set the engine up now (on SQLite: WAL mode) rather than inside the first post's
+    transaction, which flushes its row before it broadcasts; and follow every room from the
+    start: /health.json shows what each worker got, and the admin console lists every
+    worker's listener at once."""
+    with app.app_context():
+        firm_channel.pubsub()
+        for room in ROOMS:
+            firm_channel.subscribe(channel(room), functools.partial(count_received, room))
+
+
+@contextmanager
+def setting_errors(app: Flask) -> Iterator[None]:
+    """A database error or a missing driver as one line naming the setting (click prints a
+    ``ClickException`` as ``Error: ...`` and exits 1, for ``flask`` and gunicorn's hook)."""
+    setting = "EXAMPLE_DATABASE_URL"
+    try:
+        yield
+    except ImportError as exc:
+        driver = missing_driver(exc)
+        if driver is None:
+            raise
+        raise click.ClickException(f"{setting}: {driver.line()}") from None
+    except DBAPIError as exc:
+        url = app.config["SQLALCHEMY_DATABASE_URI"]
+        raise click.ClickException(f"{setting}: {one_line(exc, url)}") from None
+
+
+#: Messages this process's subscription got, by room.
+RECEIVED: Counter[str] = Counter()
+
+
+def count_received(room: str, payload: bytes) -> None:
+    """A ``subscribe()`` callback: every worker gets every message of the room."""
+    RECEIVED[room] += 1
 
 
 def check_room(room: str) -> None:
@@ -197,33 +254,91 @@ def check_room(room: str) -> None:
 
 
 def delivered_here(message: Message) -> str:
-    """The payload hook: tell the page which worker delivered the message. (A payload that
-    is not one of our JSON objects, e.g. sent with ``flask firm-channel broadcast``, goes
-    out as text.)"""
-    text = message.payload.decode("utf-8", errors="replace")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text
-    if not isinstance(data, dict):
-        return text
-    data["delivered_by"] = os.getpid()
-    return json.dumps(data)
+    """The payload hook: every event is the JSON of its line, with the worker that
+    delivered it. (A payload that is not one of our JSON messages, e.g. sent with
+    ``flask firm-channel broadcast``, is a line of plain text.)"""
+    line = Line.of_broadcast(message.id, message.payload, message.created_at)
+    return json.dumps({**line.as_event(), "delivered_by": os.getpid()})
 
 
-def resume_cursor(rows: list[ChatMessage]) -> str:
-    """Where the page's stream starts: after the newest message rendered whose transaction
+@dataclass(frozen=True)
+class Line:
+    """One line of a room as the page shows it: a chat message, or anything else broadcast
+    on the room's channel (``author`` None), shown as plain text."""
+
+    event_id: int
+    text: str
+    author: str | None
+    #: The worker that stored a chat message.
+    posted_by: int | None
+    created_at: datetime
+
+    @classmethod
+    def of_chat(cls, message: ChatMessage) -> Line:
+        assert message.event_id is not None
+        return cls(
+            message.event_id, message.text, message.author, message.posted_by, message.created_at
+        )
+
+    @classmethod
+    def of_broadcast(cls, event_id: int, payload: bytes, created_at: datetime) -> Line:
+        """A broadcast as a line: one of the page's own JSON messages, or plain text."""
+        text = payload.decode("utf-8", errors="replace")
+        try:
+            data = json.loads(text)
+        except ValueError:
+            data = None
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("text"), str)
+            and isinstance(data.get("author"), str)
+        ):
+            posted_by = data.get("posted_by")
+            return cls(
+                event_id,
+                data["text"],
+                data["author"],
+                posted_by if isinstance(posted_by, int) else None,
+                created_at,
+            )
+        return cls(event_id, text, None, None, created_at)
+
+    def as_event(self) -> dict[str, Any]:
+        return {**asdict(self), "created_at": self.created_at.isoformat(timespec="seconds") + "Z"}
+
+
+def history(room: str) -> list[Line]:
+    """The room's last lines, oldest first: its chat messages, and what else was broadcast
+    on its channel while the message table keeps it (a day by default)."""
+    chats = db.session.scalars(
+        select(ChatMessage)
+        .where(ChatMessage.room == room, ChatMessage.event_id.is_not(None))
+        .order_by(ChatMessage.id.desc())
+        .limit(HISTORY)
+    ).all()
+    table = firm_channel.table
+    posted = select(ChatMessage.event_id).where(ChatMessage.event_id.is_not(None))
+    others = db.session.execute(
+        select(table.c.id, table.c.payload, table.c.created_at)
+        .where(table.c.channel == channel(room).encode(), table.c.id.not_in(posted))
+        .order_by(table.c.id.desc())
+        .limit(HISTORY)
+    ).all()
+    lines = [Line.of_chat(m) for m in chats]
+    lines += [Line.of_broadcast(i, bytes(p), at) for i, p, at in others]
+    return sorted(lines, key=lambda line: line.event_id)[-HISTORY:]
+
+
+def resume_cursor(lines: list[Line]) -> str:
+    """Where the page's stream starts: after the newest line rendered whose transaction
     is surely settled; the page skips the few it already shows."""
     grace = firm_channel.state().settings.commit_grace
     now = datetime.now(timezone.utc).replace(tzinfo=None)
-    settled = [
-        r.event_id for r in rows if r.event_id and (now - r.created_at).total_seconds() > grace
-    ]
+    settled = [line.event_id for line in lines if (now - line.created_at).total_seconds() > grace]
     if settled:
         return str(max(settled))
-    recent = [r.event_id for r in rows if r.event_id]
-    if recent:
-        return str(min(recent) - 1)
+    if lines:
+        return str(min(line.event_id for line in lines) - 1)
     table = firm_channel.table
     return str(db.session.scalar(select(func.coalesce(func.max(table.c.id), 0))))
 
@@ -258,5 +373,7 @@ def init_db() -> None:
     """Create the example's tables (and the message table) if they do not exist."""
     from flask import current_app
 
-    create_tables(current_app._get_current_object())  # type: ignore[attr-defined]
+    app = current_app._get_current_object()  # type: ignore[attr-defined]
+    with setting_errors(app):
+        create_tables(app)
     click.echo("tables ready")

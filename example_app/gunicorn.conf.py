@@ -24,12 +24,14 @@ accesslog = os.environ.get("EXAMPLE_ACCESS_LOG", "-") or None
 def on_starting(server):  # noqa: ANN001, ANN201
     """Create the tables once, before any worker starts (in a child process, so the
     master imports no database driver before a gevent worker patches the standard
-    library)."""
-    subprocess.run(
+    library). If that fails, the child has said why in one line: stop there, rather than
+    start workers that would fail the same way."""
+    created = subprocess.run(
         [sys.executable, "-m", "flask", "--app", "example_app", "init-db"],
-        check=True,
         env=dict(os.environ, EXAMPLE_CREATE_TABLES="false"),
     )
+    if created.returncode != 0:
+        raise SystemExit(created.returncode)
     os.environ["EXAMPLE_CREATE_TABLES"] = "false"  # the workers find them ready
 
 

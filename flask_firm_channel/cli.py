@@ -3,38 +3,71 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import queue
 import re
 import time
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import click
 from flask import current_app
-from flask.cli import AppGroup
+from flask.cli import AppGroup, NoAppException
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from .engine import Message, PubSub
 from .engine.errors import database_errors, one_line
+from .engine.failures import missing_driver
 from .engine.settings import MAX_SECONDS, MAX_TRIM_BATCH_SIZE
 from .engine.stats import channel_stats, table_stats
 from .engine.validate import encode_channel
 
+#: Said after Flask's own message when no app was found: these commands work on an app.
+NO_APP_HINT = (
+    "flask firm-channel works on your app's database: point it at the module (or factory)"
+    " that calls firm_channel.init_app(app), e.g. `flask --app yourapp firm-channel stats`"
+    " or `export FLASK_APP=yourapp`; from a clone of flask-firm-channel, the example app is"
+    " `flask --app example_app firm-channel stats`."
+)
+#: Where the database URL in use is kept for the error line (``click.Context.meta`` is shared
+#: by the whole command line, and the app context is gone by the time an error comes out).
+_URL = "flask_firm_channel.url"
+
 
 class _Commands(AppGroup):
-    """A database error in any subcommand is one line on stderr and exit status 1."""
+    """Every failure a user can fix is one line on stderr, with what to do: no app found
+    (Flask's message and ours, exit status 2), a database error or a database driver that
+    is not installed (exit status 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except NoAppException as exc:
+            raise click.UsageError(_no_app(exc), ctx) from None
         except SQLAlchemyError as exc:
-            raise click.ClickException(one_line(exc)) from None
+            raise click.ClickException(one_line(exc, ctx.meta.get(_URL))) from None
+        except ImportError as exc:
+            driver = missing_driver(exc)
+            if driver is None:
+                raise
+            raise click.ClickException(driver.line()) from None
+
+
+def _no_app(exc: NoAppException) -> str:
+    # An app whose module could not be imported for want of a database driver.
+    driver = missing_driver(exc.__context__) if exc.__context__ is not None else None
+    if driver is not None:
+        return driver.line()
+    return f"{exc.format_message()}\n\n{NO_APP_HINT}"
 
 
 firm_channel_cli = _Commands(
-    "firm-channel", help="Database-backed pub/sub: table, trim, tail, stats."
+    "firm-channel",
+    help="Database-backed pub/sub: table, broadcast, tail, stats, trim. Works on your app:"
+    " flask --app yourapp firm-channel COMMAND (or FLASK_APP=yourapp).",
 )
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -93,14 +126,25 @@ class _Duration(click.ParamType):
 
 
 def _state():  # type: ignore[no-untyped-def]
-    from .extension import FirmChannel
+    from .extension import EXTENSION_KEY, FirmChannel
 
-    return FirmChannel.state(current_app._get_current_object())
+    app = current_app._get_current_object()
+    if EXTENSION_KEY not in app.extensions:
+        # The commands are offered to every app of this environment (a flask.commands
+        # entry point), whether it uses the extension or not.
+        raise click.ClickException(
+            f"the app {app.import_name!r} does not use flask-firm-channel: call"
+            " firm_channel.init_app(app) in it, or point --app at the app that does"
+        )
+    return FirmChannel.state(app)
 
 
 def _pubsub():  # type: ignore[no-untyped-def]
     app = current_app._get_current_object()
-    return _state().pubsub(app)
+    state = _state()
+    # Before the first connection (which may fail): the error line names the database.
+    click.get_current_context().meta[_URL] = state.engine(app).url
+    return state.pubsub(app)
 
 
 def _format(payload: bytes, as_hex: bool) -> str:
@@ -145,27 +189,83 @@ def broadcast(channel: str, payload: str) -> None:
 @click.option("--count", type=click.IntRange(min=1), help="Exit after this many messages.")
 @click.option("--timeout", type=_Duration(), help="Exit after this long (e.g. 30s).")
 @click.option("--hex", "as_hex", is_flag=True, help="Print payloads as hex instead of text.")
+@click.option(
+    "-v",
+    "--verbose",
+    is_flag=True,
+    help="Each line: id, time (UTC), channel, payload, tab-separated.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Each line a JSON object: id, channel, created_at (UTC), payload (or payload_hex).",
+)
 def tail(
-    channel: tuple[str, ...], count: int | None, timeout: timedelta | None, as_hex: bool
+    channel: tuple[str, ...],
+    count: int | None,
+    timeout: timedelta | None,
+    as_hex: bool,
+    verbose: bool,
+    as_json: bool,
 ) -> None:
-    """Print messages on CHANNEL(s) as they arrive, until Ctrl-C."""
+    """Print messages on CHANNEL(s) as they arrive, until Ctrl-C: the payload alone (after
+    its channel when there are several), or with --verbose or --json all of the message."""
+    if verbose and as_json:
+        raise click.UsageError("--verbose and --json are two formats: pick one")
     encoded = _channels(channel)
     shared = _pubsub()
     # A PubSub of its own: the app's subscriptions (made by its factory, say) stay in the
     # app's, so an operator tailing a channel never runs the app's callbacks.
     pubsub = PubSub(shared.engine, shared.table, shared.settings, autostart=False)
+    style = "json" if as_json else "verbose" if verbose else "payload"
     try:
         _check_table(pubsub)
-        _tail(pubsub, encoded, count, timeout, as_hex)
+        _tail(pubsub, encoded, count, timeout, functools.partial(_line, style, as_hex))
     finally:
         pubsub.close()
 
 
 def _put(
-    received: queue.SimpleQueue[tuple[str, bytes]], names: dict[bytes, str], item: Any
+    received: queue.SimpleQueue[tuple[str, Message]], names: dict[bytes, str], item: Any
 ) -> None:
     if isinstance(item, Message):
-        received.put((names.get(item.channel, repr(item.channel)), item.payload))
+        received.put((names.get(item.channel, repr(item.channel)), item))
+
+
+def _line(style: str, as_hex: bool, message: Message, name: str, several: bool) -> str:
+    """How ``tail`` prints ``message`` (``name``: its channel as given on the command line)."""
+    if style == "json":
+        return json.dumps(_as_json(message, as_hex), ensure_ascii=False)
+    payload = _format(message.payload, as_hex)
+    if style == "verbose":
+        return "\t".join((str(message.id), _utc(message.created_at, "milliseconds"), name, payload))
+    return f"{name}\t{payload}" if several else payload
+
+
+def _as_json(message: Message, as_hex: bool) -> dict[str, object]:
+    """The message as JSON: text where it is UTF-8 (and not asked as hex), else ``*_hex``."""
+    shown: dict[str, object] = {"id": message.id}
+    for field, data in (("channel", message.channel), ("payload", message.payload)):
+        text = None if as_hex and field == "payload" else _utf8(data)
+        if text is None:
+            shown[f"{field}_hex"] = data.hex()
+        else:
+            shown[field] = text
+    shown["created_at"] = _utc(message.created_at, "microseconds")
+    return shown
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _utc(when: datetime, timespec: str = "seconds") -> str:
+    """A stored time (naive UTC) as ISO 8601 that says it is UTC."""
+    return when.isoformat(timespec=timespec) + "Z"
 
 
 def _check_table(pubsub: PubSub) -> None:
@@ -179,9 +279,9 @@ def _tail(
     channel: dict[str, bytes],
     count: int | None,
     timeout: timedelta | None,
-    as_hex: bool,
+    line: Callable[[Message, str, bool], str],
 ) -> None:
-    received: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+    received: queue.SimpleQueue[tuple[str, Message]] = queue.SimpleQueue()
     names = {data: name for name, data in channel.items()}
     # One subscription for every channel, called on the listener thread (a queue put never
     # blocks): the lines come in the order the messages were committed.
@@ -200,11 +300,10 @@ def _tail(
             if wait <= 0:
                 break
             try:
-                name, payload = received.get(timeout=min(wait, 0.5))
+                name, message = received.get(timeout=min(wait, 0.5))
             except queue.Empty:
                 continue
-            prefix = f"{name}\t" if len(channel) > 1 else ""
-            click.echo(prefix + _format(payload, as_hex))
+            click.echo(line(message, name, len(channel) > 1))
             shown += 1
     except KeyboardInterrupt:
         pass
@@ -232,19 +331,25 @@ def stats(limit: int) -> None:
     click.echo(f"table:      {pubsub.table.name}")
     click.echo(f"messages:   {summary.messages}")
     click.echo(f"payloads:   {summary.payload_bytes} bytes")
-    click.echo(f"oldest:     {summary.oldest or '-'}")
-    click.echo(f"newest:     {summary.newest or '-'}")
+    click.echo(f"oldest:     {_when(summary.oldest)}")
+    click.echo(f"newest:     {_when(summary.newest)}")
     click.echo(f"last id:    {summary.max_id if summary.max_id is not None else '-'}")
     click.echo(f"retention:  {retention}")
     click.echo(f"trimmable:  {summary.trimmable}")
+    click.echo(f"heartbeats: {summary.internal} (rows of the listening processes, not messages)")
     if top:
         click.echo("")
-        click.echo(f"{'messages':>10}  {'bytes':>12}  {'last activity':<26}  channel")
+        click.echo(f"{'messages':>10}  {'bytes':>12}  {'last activity':<23}  channel")
         for row in top:
             click.echo(
-                f"{row.messages:>10}  {row.payload_bytes:>12}  {str(row.last_activity):<26}  "
+                f"{row.messages:>10}  {row.payload_bytes:>12}  {_when(row.last_activity):<23}  "
                 f"{_format(row.channel, False)}"
             )
+
+
+def _when(when: datetime | None) -> str:
+    """A stored time (naive UTC) for a person: to the second, marked UTC."""
+    return "-" if when is None else when.isoformat(sep=" ", timespec="seconds") + " UTC"
 
 
 @firm_channel_cli.command("trim")

@@ -11,12 +11,13 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import click
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, current_app, has_app_context, request
 from sqlalchemy import Engine, Table, event
 from sqlalchemy.orm import Session, scoped_session
 
@@ -127,6 +128,9 @@ class FirmChannel:
         self.table_name = table_name
         self.bind_key = bind_key
         self._admin_authorizer: Callable[[], object] | None = None
+        #: The apps this instance is registered on, for :meth:`close` outside an app
+        #: context (held weakly: an app that goes away leaves it).
+        self._apps: weakref.WeakSet[Flask] = weakref.WeakSet()
         if app is not None:
             self.init_app(app)
 
@@ -166,6 +170,7 @@ class FirmChannel:
         )
         if listener_enabled and is_serving_process():
             serving.end_streams_on_sigterm()
+        self._apps.add(app)
         from .cli import firm_channel_cli
 
         app.cli.add_command(firm_channel_cli)
@@ -439,8 +444,14 @@ class FirmChannel:
         return state._pubsub.health()
 
     def close(self, app: Flask | None = None) -> None:
-        """Stop this process's listener and trimmer for ``app`` (default: the current app).
-        Returns promptly and is idempotent; a later call creates fresh ones on demand."""
+        """Stop this process's listener and trimmer for ``app``: by default the current
+        app, or, outside an app context, every app this instance is registered on (the end
+        of a script). Returns promptly and is idempotent; a later call creates fresh ones on
+        demand."""
+        if app is None and not has_app_context():
+            for each in list(self._apps):
+                self.state(each).close()
+            return
         self.state(app).close()
 
 

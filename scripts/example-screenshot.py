@@ -1,5 +1,6 @@
 """Take docs/example.png: the example chat room in Chromium with messages that three
-gunicorn workers stored and delivered. ``.venv/bin/python scripts/example-screenshot.py``"""
+gunicorn workers stored and delivered, and one broadcast from a shell.
+``.venv/bin/python scripts/example-screenshot.py``"""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def main() -> None:
                     "--no-first-run",
                 ],
             )
-            page = browser.new_page(viewport={"width": 900, "height": 640})
+            page = browser.new_page(viewport={"width": 900, "height": 760})
             page.goto(base + "/rooms/lobby")
             page.wait_for_selector("#status.live")
             for author, text in [
@@ -85,6 +86,15 @@ def main() -> None:
             page.fill("input[name=text]", "Sent from this tab's form")
             page.click("button[type=submit]")
             page.wait_for_function("document.querySelectorAll('#messages li').length >= 5")
+            subprocess.run(
+                [sys.executable, "-m", "flask", "--app", "example_app", "firm-channel"]
+                + ["broadcast", "room:lobby", "hello from a shell"],
+                cwd=ROOT,
+                env=env,
+                check=True,
+                capture_output=True,
+            )
+            page.wait_for_function("document.querySelectorAll('#messages li').length >= 6")
             page.fill("input[name=text]", "")
             time.sleep(0.3)
             page.screenshot(path=str(ROOT / "docs" / "example.png"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from .private_servers import _as, _owned_dir, _wait_until_up, free_port
+from .private_servers import _as, _owned_dir, _wait_until_up, free_port, runuser
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
 
@@ -96,6 +96,6 @@ def available() -> str | None:
     """None if PgBouncer can run here, else why not."""
     if not Path(PGBOUNCER).exists():
         return f"{PGBOUNCER} not found (apt-get install pgbouncer)"
-    if os.geteuid() == 0 and shutil.which("runuser") is None:
-        return "runuser not found"
+    if os.geteuid() == 0 and runuser() is None:
+        return "runuser not found (util-linux)"
     return None

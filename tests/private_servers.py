@@ -31,10 +31,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def runuser() -> str | None:
+    """util-linux's ``runuser``, also where ``PATH`` leaves out the sbin directories (root's
+    shell in a minimal container, ``sudo`` with a trimmed ``PATH``), or None."""
+    found = shutil.which("runuser")
+    if found:
+        return found
+    return next((p for p in ("/usr/sbin/runuser", "/sbin/runuser") if os.access(p, os.X_OK)), None)
+
+
 def _as(user: str, command: list[str]) -> list[str]:
     if os.geteuid() != 0:
         return command
-    return ["runuser", "-u", user, "--", *command]
+    tool = runuser()
+    if tool is None:
+        raise RuntimeError("runuser not found: as root, the servers need it to drop privileges")
+    return [tool, "-u", user, "--", *command]
 
 
 def _owned_dir(prefix: str, user: str) -> Path:
@@ -233,6 +245,8 @@ def start_private(backend: str) -> PrivateServer:
 
 def unavailable(backend: str) -> str | None:
     """Why a private server of ``backend`` cannot be made on this machine, or None."""
+    if os.geteuid() == 0 and runuser() is None:
+        return "runuser not found (util-linux): as root, the servers need it to drop privileges"
     if backend == "postgresql" and not (PG_BIN / "initdb").exists():
         return f"no {PG_BIN / 'initdb'} (install postgresql)"
     if backend == "mysql" and not (Path(MARIADBD).exists() and Path(INSTALL_DB).exists()):

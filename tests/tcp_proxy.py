@@ -16,12 +16,16 @@ class BlackHoleProxy:
     """Forwards TCP to ``target``; :meth:`black_hole` stops forwarding every connection that
     has sent a ``LISTEN``, in both directions, without closing anything."""
 
-    def __init__(self, target: tuple[str, int], handshake_delay: float = 0.0) -> None:
+    def __init__(
+        self, target: tuple[str, int], handshake_delay: float = 0.0, port: int = 0
+    ) -> None:
         self.target = target
         #: Seconds each new connection waits before it reaches the server (a slow network
         #: or a busy server at connect time).
         self.handshake_delay = handshake_delay
-        self.server = socket.create_server(("127.0.0.1", 0))
+        #: ``port`` 0: a free one; another: that one (a server that comes up where clients
+        #: were refused until now).
+        self.server = socket.create_server(("127.0.0.1", port))
         self.port = self.server.getsockname()[1]
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.server, selectors.EVENT_READ)

@@ -159,7 +159,8 @@ PAGES: dict[str, Callable[[sa.Connection, data.Where], Any]] = {
 #: for the activity sample, ``BYTES_SAMPLE`` rows per channel for payload sizes).
 PAGE_SIZE = data.CHANNELS_PER_PAGE
 BOUNDS = {
-    "overview": 2 * (COUNT_CAP + 1) + 100,
+    # The app's channels (two ranges of the index), heartbeat rows, the trimmable rows.
+    "overview": 4 * (COUNT_CAP + 1) + 100,
     "channels by name": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + BYTES_SAMPLE + 4) + 100,
     "channels by last activity": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + BYTES_SAMPLE + 4),
     "channels by rate, searched": SAMPLE_SIZE + PAGE_SIZE * (COUNT_CAP + BYTES_SAMPLE + 4),

@@ -3,6 +3,7 @@ process (``tests/cli_app.py``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def test_bad_channel_errors(make_app: Callable[..., Any]) -> None:
 
 
 def test_stats(make_app: Callable[..., Any]) -> None:
-    app, db, fc = make_app(FIRM_CHANNEL_AUTO_TRIM=False)
+    app, db, fc = make_app(FIRM_CHANNEL_AUTO_TRIM=False, FIRM_CHANNEL_HEARTBEAT_INTERVAL=3600)
     result = _invoke(app, "stats")
     assert result.exit_code == 0, result.output
     assert "messages:   0" in result.stdout
@@ -105,6 +106,19 @@ def test_stats(make_app: Callable[..., Any]) -> None:
     by_channel = {line.split()[-1]: line.split() for line in lines if line.endswith("a")}
     assert by_channel["alpha"][:2] == ["3", "9"]
     assert by_channel["beta"][:2] == ["2", "14"]
+    # Times are UTC and say so.
+    (_, newest), *_ = sorted(_stored(app, fc, b"beta"), reverse=True)
+    assert f"newest:     {newest.isoformat(sep=' ', timespec='seconds')} UTC" in lines
+    assert by_channel["beta"][4] == "UTC"
+
+    # A listening process's heartbeats are rows, not messages: counted apart, never listed.
+    with app.app_context():
+        fc.subscribe("listening", lambda payload: None)  # its listener stores a heartbeat
+    wait_for(lambda: _count(app, db, fc) == 6)
+    lines = _invoke(app, "stats").stdout.splitlines()
+    assert "messages:   5" in lines and "payloads:   23 bytes" in lines
+    assert any(line.startswith("heartbeats: 1 ") for line in lines), lines
+    assert not any("firm-channel:" in line for line in lines), lines
 
 
 def test_trim(make_app: Callable[..., Any]) -> None:
@@ -142,7 +156,7 @@ def test_trim(make_app: Callable[..., Any]) -> None:
 
 
 def _tail_with_producer(
-    app: Flask, fc: Any, args: list[str], messages: list[tuple[str, str]]
+    app: Flask, fc: Any, args: list[str], messages: list[tuple[str, str | bytes]]
 ) -> tuple[Result, float, list[BaseException]]:
     with app.app_context():
         pubsub = fc.pubsub()
@@ -204,6 +218,64 @@ def test_tail_several_channels_as_hex(make_app: Callable[..., Any]) -> None:
     # One subscription for both channels: the lines come in commit order across them too.
     assert result.stdout.splitlines() == ["b\t0001", "a\t6869"]
     assert elapsed < 15, "tail ended by --timeout, not by --count"
+
+
+def _stored(app: Flask, fc: Any, channel: bytes) -> list[tuple[int, datetime]]:
+    with app.app_context(), fc.pubsub().engine.connect() as conn:
+        t = fc.table
+        rows = conn.execute(
+            sa.select(t.c.id, t.c.created_at).where(t.c.channel == channel).order_by(t.c.id)
+        )
+        return [(int(i), at) for i, at in rows]
+
+
+def test_tail_verbose_shows_id_time_channel_and_payload(make_app: Callable[..., Any]) -> None:
+    app, db, fc = make_app()
+    result, elapsed, errors = _tail_with_producer(
+        app,
+        fc,
+        ["v:one", "--verbose", "--count", "2", "--timeout", "20s"],
+        [("v:one", "first line"), ("v:two", "not this"), ("v:one", "tab\there")],
+    )
+    assert not errors, errors
+    assert result.exit_code == 0, result.output
+    stored = _stored(app, fc, b"v:one")
+    expected = [
+        f"{i}\t{at.isoformat(timespec='milliseconds')}Z\tv:one\t{text}"
+        for (i, at), text in zip(stored, ["first line", "tab\there"], strict=True)
+    ]
+    assert result.stdout.splitlines() == expected
+    assert elapsed < 15, "tail ended by --timeout, not by --count"
+
+
+def test_tail_json_is_one_object_a_line(make_app: Callable[..., Any]) -> None:
+    app, db, fc = make_app()
+    result, elapsed, errors = _tail_with_producer(
+        app,
+        fc,
+        ["j", "--json", "--count", "2", "--timeout", "20s"],
+        [("j", '{"msg": "hi ☃"}'), ("j", b"\xff binary")],
+    )
+    assert not errors, errors
+    assert result.exit_code == 0, result.output
+    (first_id, first_at), (second_id, second_at) = _stored(app, fc, b"j")
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert lines == [
+        {
+            "id": first_id,
+            "channel": "j",
+            "payload": '{"msg": "hi ☃"}',
+            "created_at": first_at.isoformat(timespec="microseconds") + "Z",
+        },
+        {
+            "id": second_id,
+            "channel": "j",
+            "payload_hex": b"\xff binary".hex(),
+            "created_at": second_at.isoformat(timespec="microseconds") + "Z",
+        },
+    ]
+    refused = _invoke(app, "tail", "j", "--json", "--verbose", "--timeout", "1s")
+    assert refused.exit_code == 2 and "pick one" in refused.output
 
 
 def test_tail_timeout(make_app: Callable[..., Any]) -> None:

@@ -1,8 +1,13 @@
-"""``flask firm-channel``: a database error (the server down, the table missing) is one clear
-line on stderr and a non-zero exit, on every subcommand; never a traceback."""
+"""``flask firm-channel``: a database error (the server down, the table missing, the database
+missing, wrong credentials, a driver not installed) is one clear line on stderr that says what
+to fix, and a non-zero exit, on every subcommand; never a traceback. Without an app, Flask's
+message and ours say how to name one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +18,9 @@ from flask import Flask
 from flask_sqlalchemy import SQLAlchemy
 
 from flask_firm_channel import FirmChannel
+from flask_firm_channel.cli import NO_APP_HINT
 
+from .conftest import SERVER_URLS, require_backend
 from .test_cli import _env, _flask
 from .test_errors import unreachable_url
 
@@ -28,6 +35,12 @@ NEEDS_TABLE = {
     "trim-dry-run": ["trim", "--dry-run"],
 }
 EVERY = {**NEEDS_TABLE, "create-table": ["create-table"]}
+#: What the line says when the server is down (SQLite: the file's directory is missing).
+DOWN = {
+    "sqlite": "SQLite cannot open the database file",
+    "postgresql": "no database server answers there (connection refused)",
+    "mysql": "no database server answers there (connection refused)",
+}
 
 
 def _app(url: str, table_name: str) -> Flask:
@@ -76,7 +89,7 @@ def test_server_down_in_process(
     result = app.test_cli_runner().invoke(args=["firm-channel", *EVERY[command]])
     try:
         assert result.exit_code == 1, result.output
-        _assert_one_line(result.output, "database error (OperationalError)")
+        _assert_one_line(result.output, DOWN[backend])
     finally:
         app.extensions["firm_channel"].close()
 
@@ -99,7 +112,7 @@ def test_server_down_real_flask(
     proc = _flask(env, "firm-channel", *EVERY[command])
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == ""
-    _assert_one_line(proc.stderr, "database error (OperationalError)")
+    _assert_one_line(proc.stderr, DOWN[backend])
 
 
 def test_cli_app_subscriber_is_not_what_fails(make_app: Callable[..., Any]) -> None:
@@ -109,3 +122,94 @@ def test_cli_app_subscriber_is_not_what_fails(make_app: Callable[..., Any]) -> N
     for args in (["broadcast", "cli:errors", "x"], ["stats"], ["trim", "--dry-run"]):
         result = app.test_cli_runner().invoke(args=["firm-channel", *args])
         assert result.exit_code == 0, result.output
+
+
+# -- what a new user gets wrong first -------------------------------------------------------
+
+#: A setting that is wrong, by server backend, and what the one line says about it.
+WRONG = {
+    "no-database": lambda url: url.set(database="fc_missing_db"),
+    "credentials": lambda url: url.set(username="fc_nobody", password="wrong"),
+    # .invalid is reserved: no resolver knows it (RFC 6761).
+    "unknown-host": lambda url: url.set(host="no-such-host.invalid"),
+}
+SAYS = {
+    "no-database": "does not exist",
+    "credentials": "the server refused the user or password",
+    "unknown-host": "the database host name is unknown",
+}
+#: A driver that is not installed here, by backend (SQLite's is part of Python).
+NOT_INSTALLED = {
+    "postgresql": ("postgresql+psycopg2", "'psycopg2' is not installed"),
+    "mysql": ("mysql+mysqldb", "'MySQLdb' is not installed"),
+}
+
+
+#: SQLite has no server, so no database to miss and no password: a file it cannot open.
+WRONG_SETTINGS = [("sqlite", "cannot-open")] + [
+    (backend, wrong) for backend in ("postgresql", "mysql") for wrong in sorted(WRONG)
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("backend", "wrong"), WRONG_SETTINGS, ids=[f"{b}-{w}" for b, w in WRONG_SETTINGS]
+)
+def test_a_wrong_setting_is_one_line(backend: str, wrong: str, table_name: str) -> None:
+    require_backend(backend)
+    if backend == "sqlite":
+        url = "sqlite:////nonexistent-directory/app.db"
+        expected = "SQLite cannot open the database file '/nonexistent-directory/app.db'"
+    else:
+        url = WRONG[wrong](sa.make_url(SERVER_URLS[backend])).render_as_string(False)
+        expected = SAYS[wrong]
+    proc = _flask(_env(url, table_name), "firm-channel", "stats")
+    assert proc.returncode == 1, proc.stderr
+    _assert_one_line(proc.stderr, expected)
+    assert "wrong" not in proc.stderr  # the password is never shown
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", sorted(NOT_INSTALLED))
+def test_a_driver_that_is_not_installed_is_one_line(backend: str, table_name: str) -> None:
+    driver, says = NOT_INSTALLED[backend]
+    url = sa.make_url(SERVER_URLS[backend]).set(drivername=driver).render_as_string(False)
+    proc = _flask(_env(url, table_name), "firm-channel", "stats")
+    assert proc.returncode == 1, proc.stderr
+    _assert_one_line(proc.stderr, says)
+    assert "pip install" in proc.stderr
+
+
+def _flask_without_app(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("FLASK_APP", "FLASK_DEBUG")}
+    return subprocess.run(
+        [sys.executable, "-m", "flask", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.slow
+def test_without_an_app_the_commands_say_how_to_name_one(tmp_path: Path) -> None:
+    helped = _flask_without_app(tmp_path, "firm-channel", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "flask --app yourapp firm-channel" in helped.stdout
+    for command in ("create-table", "broadcast", "tail", "stats", "trim"):
+        assert command in helped.stdout
+
+    proc = _flask_without_app(tmp_path, "firm-channel", "stats")
+    assert proc.returncode == 2, proc.stderr
+    assert "No such command" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "Could not locate a Flask application" in proc.stderr  # Flask's own
+    assert NO_APP_HINT in " ".join(proc.stderr.split())  # and ours
+
+
+@pytest.mark.slow
+def test_an_app_without_the_extension_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text('from flask import Flask\napp = Flask("plain")\n')
+    proc = _flask_without_app(tmp_path, "--app", "plain", "firm-channel", "stats")
+    assert proc.returncode == 1, proc.stderr
+    _assert_one_line(proc.stderr, "the app 'plain' does not use flask-firm-channel")

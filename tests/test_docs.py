@@ -195,3 +195,35 @@ def test_the_readme_is_a_landing_page() -> None:
     assert len(text.splitlines()) < 200
     assert "bash scripts/docs.sh" in text
     assert "docs/latency.png" in text
+
+
+def _toctree_pages() -> list[str]:
+    index = (DOCS / "index.md").read_text()
+    blocks = re.findall(r"```\{toctree\}\n(.*?)```", index, re.S)
+    return [
+        line.strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.startswith(":")
+    ]
+
+
+def test_every_page_has_the_whole_site_in_its_sidebar(site: Path) -> None:
+    pages = _toctree_pages()
+    assert len(pages) > 20
+    for name in [*pages, "index"]:
+        html_text = (site / f"{name}.html").read_text()
+        sidebar = html_text[html_text.index('class="sphinxsidebar"') :]
+        linked = set(re.findall(r'href="([\w-]+)\.html(?:#[^"]*)?"', sidebar))
+        # The page itself is in the list as the current entry.
+        assert set(pages) - {name} <= linked, f"{name}: the sidebar lacks {set(pages) - linked}"
+
+
+def test_the_installation_page_names_every_extra() -> None:
+    from importlib.metadata import metadata
+
+    extras = metadata("flask-firm-channel").get_all("Provides-Extra") or []
+    assert {"postgres", "mysql", "metrics", "tracing", "socketio"} <= set(extras)
+    page = (DOCS / "installation.md").read_text()
+    for extra in extras:
+        assert f'pip install "flask-firm-channel[{extra}]"' in page, extra

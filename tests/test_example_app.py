@@ -75,7 +75,55 @@ def test_post_stores_the_row_and_its_event_in_one_transaction(tmp_path: Path) ->
         with app.app_context():
             assert db.session.scalar(sa.select(sa.func.count()).select_from(ChatMessage)) == 1
             table = firm_channel.table
-            assert db.session.scalar(sa.select(sa.func.count()).select_from(table)) == 1
+            stored = sa.select(sa.func.count()).where(table.c.channel == b"room:lobby")
+            assert db.session.scalar(stored) == 1
+    finally:
+        firm_channel.close(app)
+
+
+def test_a_plain_text_broadcast_is_a_line_of_the_room_live_and_after_a_reload(
+    tmp_path: Path,
+) -> None:
+    """What the tutorial's `flask firm-channel broadcast room:lobby "hello from a shell"` sends
+    is no JSON: the stream gives it to the page as a line of plain text, and the page's
+    history shows it among the chat messages, in the order they were broadcast."""
+    from example_app import create_app, delivered_here, firm_channel
+
+    app = create_app({"SQLALCHEMY_DATABASE_URI": f"sqlite:///{tmp_path / 'ex.db'}"})
+    try:
+        client = app.test_client()
+        token = _token(client.get("/rooms/lobby").get_data(as_text=True))
+        first = client.post(
+            "/rooms/lobby/messages",
+            data={"text": "from the page", "author": "ann", "csrf": token},
+            headers={"Accept": "application/json"},
+        )
+        assert first.status_code == 201
+        with app.app_context():
+            plain_id = firm_channel.broadcast("room:lobby", "hello from a shell <b>")
+            firm_channel.broadcast("room:lobby", '{"msg": "json, but no chat message"}')
+            firm_channel.broadcast("room:lobby", '{"author": "bot", "text": "chat-like"}')
+            firm_channel.broadcast("room:dev", "another room")
+            # What the room's stream sends for it: its payload hook on the delivered message.
+            with firm_channel.listen("room:lobby", after_id=plain_id - 1, timeout=10) as it:
+                line = json.loads(delivered_here(next(it)))
+        assert line["event_id"] == plain_id and line["author"] is None
+        assert line["text"] == "hello from a shell <b>" and line["delivered_by"] == os.getpid()
+
+        page = client.get("/rooms/lobby").get_data(as_text=True)
+        texts = re.findall(r'<span class="text">(.*?)</span>', page)
+        assert texts == [
+            "from the page",
+            "hello from a shell &lt;b&gt;",
+            "{&#34;msg&#34;: &#34;json, but no chat message&#34;}",
+            "chat-like",
+        ]
+        assert page.count('class="plain"') == 2 and "another room" not in page
+        assert "broadcast on room:lobby · rendered" in page and "worker None" not in page
+        seen = json.loads(
+            re.search(r'data-seen="([^"]+)"', page).group(1).replace("&#34;", '"')  # type: ignore[union-attr]
+        )
+        assert seen == sorted(seen) and plain_id in seen and len(seen) == 4
     finally:
         firm_channel.close(app)
 

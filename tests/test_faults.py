@@ -246,6 +246,13 @@ def test_server_restart_while_broadcasting(setup: Setup) -> None:
     )
     assert len(bc.sent) > sent_before
     assert health["errors"] >= 1, health
+    # Said, not shouted: each cause (the connection closed, then refused) in one line, however
+    # many retries the outage took; no traceback.
+    log = sub.log_text()
+    assert "Traceback" not in log, log
+    said = [line for line in log.splitlines() if "firm-channel" in line]
+    assert 1 <= len(said) <= 4, log
+    assert any("closed the connection" in line for line in said), log
 
 
 @only("postgresql", "mysql")

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
 
-from flask_firm_channel import PubSub
+from flask_firm_channel import FirmChannel, PubSub
 
 from .conftest import firm_channel_threads, wait_for
 
@@ -94,6 +96,46 @@ def test_flask_close_is_prompt_and_idempotent(backend: str, make_app: Callable[.
     assert new_threads(before) == []
     fc.close(app)
     assert new_threads(before) == []
+
+
+def test_flask_close_outside_an_app_context_closes_every_app_of_the_instance(
+    db_url: str, table_name: str
+) -> None:
+    """The end of a script, after its ``with app.app_context():`` blocks: ``close()`` stops
+    the threads of every app the instance is registered on, and stays idempotent."""
+    before = set(firm_channel_threads())
+    fc = FirmChannel(table_name=table_name)
+    apps = []
+    for name in ("first", "second"):
+        app = Flask(name)
+        app.config["SQLALCHEMY_DATABASE_URI"] = db_url
+        db = SQLAlchemy(app)
+        fc.init_app(app)
+        apps.append((app, db))
+    received: dict[str, list[bytes]] = {"first": [], "second": []}
+    try:
+        for app, db in apps:
+            with app.app_context():
+                db.create_all()
+                fc.subscribe("scripted", received[app.name].append)
+                fc.broadcast("scripted", app.name)
+        # One table: each app's subscription gets what was broadcast after it was made.
+        wait_for(lambda: received == {"first": [b"first", b"second"], "second": [b"second"]})
+        assert new_threads(before).count("firm-channel-listener") == 2
+        started = time.monotonic()
+        fc.close()
+        assert time.monotonic() - started < 2.0
+        assert new_threads(before) == []
+        fc.close()
+        assert new_threads(before) == []
+        with apps[0][0].app_context():  # fresh ones on demand, as after close(app)
+            assert fc.broadcast("scripted", "after") > 0
+    finally:
+        for app, db in apps:
+            fc.close(app)
+            with app.app_context():
+                fc.table.drop(db.engine, checkfirst=True)
+                db.engine.dispose()
 
 
 @pytest.fixture

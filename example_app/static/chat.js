@@ -16,25 +16,40 @@
     statusEl.className = "status " + cls;
   }
 
+  // A line of the room: a chat message, or anything else broadcast on the room's channel
+  // (author null), shown as plain text. Each is keyed by its broadcast's id.
   function add(m) {
-    if (seen.has(m.id)) return;  // already rendered with the page
-    seen.add(m.id);
+    if (seen.has(m.event_id)) return;  // already rendered with the page
+    seen.add(m.event_id);
     document.getElementById("empty").hidden = true;
     var li = document.createElement("li");
-    li.className = "new";
-    li.dataset.id = m.id;
+    li.className = m.author === null ? "new plain" : "new";
+    li.dataset.eventId = m.event_id;
     var author = document.createElement("span");
     author.className = "author";
-    author.textContent = m.author;
+    author.textContent = m.author === null ? "broadcast" : m.author;
     var text = document.createElement("span");
     text.className = "text";
     text.textContent = m.text;
     var via = document.createElement("span");
     via.className = "via";
-    via.textContent = "stored by worker " + m.posted_by + " · delivered live by worker " + m.delivered_by;
+    via.textContent = (m.author === null
+      ? "plain text on " + chat.dataset.channel + ", not posted from this page"
+      : m.posted_by === null ? "broadcast on " + chat.dataset.channel
+      : "stored by worker " + m.posted_by) + " · delivered live by worker " + m.delivered_by;
     li.append(author, " ", text, via);
     list.append(li);
     li.scrollIntoView({ block: "nearest" });
+  }
+
+  // The server sends each line as JSON; anything else (a stream without the example's
+  // payload hook) is shown as the plain text it is, rather than lost to a parse error.
+  function lineOf(event) {
+    try {
+      var m = JSON.parse(event.data);
+      if (m && typeof m === "object" && typeof m.event_id === "number") return m;
+    } catch (err) { /* not JSON: plain text */ }
+    return { event_id: "raw:" + event.lastEventId, author: null, text: event.data, delivered_by: "?" };
   }
 
   function connect() {
@@ -43,7 +58,7 @@
     source.onopen = function () { setStatus("live", "live"); };
     source.addEventListener(chat.dataset.channel, function (event) {
       lastEventId = event.lastEventId;
-      var m = JSON.parse(event.data);
+      var m = lineOf(event);
       streamWorker.textContent = "(delivered by worker " + m.delivered_by + ")";
       add(m);
     });

@@ -4,6 +4,7 @@ registers an authorizer (or runs in debug mode and the request comes from loopba
 
 from __future__ import annotations
 
+from .access import from_loopback
 from .views import BLUEPRINT, create_blueprint, register
 
-__all__ = ["BLUEPRINT", "create_blueprint", "register"]
+__all__ = ["BLUEPRINT", "create_blueprint", "from_loopback", "register"]

@@ -20,6 +20,16 @@ _PROXY_HEADERS = ("X-Forwarded-For", "X-Real-IP", "Forwarded", "X-Forwarded-Host
 
 
 def from_loopback() -> bool:
+    """True for a request that came straight from this machine: a loopback address
+    (``127.0.0.0/8``, ``::1``) and none of the headers a reverse proxy adds
+    (``X-Forwarded-For``, ``X-Real-IP``, ``Forwarded``, ``X-Forwarded-Host``).
+
+    As the console's authorizer (``firm_channel.admin_authorizer(from_loopback)``) it lets in
+    whoever is on the machine the app runs on, and nobody else, whatever address the server
+    listens on: for a development box, an example, a host reached through an SSH tunnel.
+    Behind a reverse proxy on the same machine every request comes from loopback; one that
+    carries a proxy header is refused, but a proxy that adds none would let everyone in:
+    there, use an authorizer that knows your users."""
     try:
         address = ipaddress.ip_address((request.remote_addr or "").split("%")[0])
     except ValueError:

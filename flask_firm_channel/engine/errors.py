@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
 from .backends import Dialect
+from .failures import FailureLog, describe
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -100,23 +102,31 @@ def raise_as_dbapi_error(exc: Exception, dialect: Dialect, table_name: str) -> N
     raise wrapped from exc
 
 
-def one_line(exc: BaseException) -> str:
-    """A database error as one line for a terminal: no SQL, no traceback, no background link."""
+def one_line(exc: BaseException, url: URL | str | None = None) -> str:
+    """A database error as one line for a terminal: no SQL, no traceback, no background link;
+    what to fix when the cause is one a new user meets (see ``failures.diagnose``)."""
     if isinstance(exc, MissingTableError):
         return create_table_hint(exc.table_name)
-    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    text = " ".join(str(orig).split())
-    return f"database error ({type(orig).__name__}): {text}"
+    return describe(exc, url)
 
 
 class PollErrors:
-    """How the listener reports a failed poll: a missing table once, as one line that says
-    what to run (it is retried quietly until it appears); anything else with its traceback."""
+    """How the listener reports a failed poll: once, as one line that says what to fix, and
+    not again while the same failure repeats (each try is logged at DEBUG); then once more
+    when a poll gets through. A missing table is a warning (it is retried quietly until it
+    appears); the database unreachable, an error. Only a failure with no diagnosis (see
+    ``failures.diagnose``) carries its traceback, the first time."""
+
+    #: Said with the first failure: what the listener does meanwhile.
+    RETRYING = "Retrying quietly, at most 5 s apart; getting through will be said too."
 
     def __init__(self, dialect: Dialect, table_name: str) -> None:
         self._dialect = dialect
         self._table_name = table_name
         self._missing = False
+        self._failures = FailureLog(
+            f"firm-channel listener for table {table_name}", dialect.engine.url, self.RETRYING
+        )
         #: The table was missing at some point: whoever created it since used this
         #: version's definition, indexes included.
         self.saw_missing_table = False
@@ -125,6 +135,7 @@ class PollErrors:
         orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
         if self._dialect.missing_table(orig):
             self.saw_missing_table = True
+            self._failures.forget()
             if not self._missing:
                 self._missing = True
                 log.warning(
@@ -136,9 +147,18 @@ class PollErrors:
                 log.debug("firm-channel listener: table %s still missing", self._table_name)
             return
         self._missing = False
-        log.exception("firm-channel listener poll failed; retrying in %.2fs", backoff)
+        self._failures.failed(exc)
+        log.debug("firm-channel listener: next poll in %.2fs", backoff)
+
+    def restarted(self, exc: BaseException, backoff: float, high_water: int | None) -> None:
+        """Something unexpected stopped the loop, which goes on from id ``high_water``: said
+        with its traceback the first time, at DEBUG while the same thing repeats."""
+        self._failures.failed(exc)
+        log.debug("firm-channel listener: restarting in %.2fs from id %s", backoff, high_water)
 
     def recovered(self) -> None:
         if self._missing:
             self._missing = False
             log.info("firm-channel listener: table %s is there; delivering", self._table_name)
+        if self._failures.failing:
+            self._failures.recovered()

@@ -269,14 +269,7 @@ class Listener:
         self._health.restarts += 1
         self._health.last_error = f"{type(exc).__name__}: {exc}"
         self._health.last_error_at = time.time()
-        log.error(
-            "firm-channel listener for %s stopped by %r; restarting in %.2fs from id %s",
-            self._table.name,
-            exc,
-            backoff,
-            self._poller.position.high_water,
-            exc_info=exc,
-        )
+        self._errors.restarted(exc, backoff, self._poller.position.high_water)
         with self._busy.lock:
             self._reads.close()
 

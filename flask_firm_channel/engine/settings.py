@@ -11,6 +11,8 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from .failures import missing_driver
+
 Duration = float | int | timedelta
 
 #: The longest duration accepted anywhere (100 years): longer ones overflow a thread's wait
@@ -89,6 +91,12 @@ def _check_url(value: Any, name: str) -> None:
             f"{name} is for PostgreSQL's LISTEN (a direct connection past a pooler), "
             f"not {url.get_backend_name()}: {url.render_as_string()}"
         )
+    try:
+        url.get_dialect().import_dbapi()
+    except ImportError as exc:
+        # Now, rather than as the wake hint's failure once the listener runs.
+        driver = missing_driver(exc)
+        raise ValueError(f"{name}: {driver.line() if driver else exc}") from None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Table, case, func, select
+from sqlalchemy import Connection, Table, and_, case, func, or_, select
 
 from .backends import Dialect
 from .internal import INTERNAL_END, INTERNAL_PREFIX, is_internal
@@ -15,12 +15,16 @@ from .stored import newest_ids
 
 @dataclass(frozen=True)
 class TableStats:
+    """The messages of the table: every figure leaves the rows of internal channels out
+    (the heartbeats of listening processes), which ``internal`` counts."""
+
     messages: int
     payload_bytes: int
     oldest: datetime | None
     newest: datetime | None
     max_id: int | None
     trimmable: int
+    internal: int = 0
 
 
 @dataclass(frozen=True)
@@ -31,18 +35,29 @@ class ChannelStats:
     last_activity: datetime | None
 
 
+def user_channels(table: Table) -> Any:
+    """The condition for the rows of the app's channels, not internal ones: two ranges of
+    the channel index (internal names sort together, see ``internal.py``)."""
+    return or_(table.c.channel < INTERNAL_PREFIX, table.c.channel >= INTERNAL_END)
+
+
+def internal_channels(table: Table) -> Any:
+    return and_(table.c.channel >= INTERNAL_PREFIX, table.c.channel < INTERNAL_END)
+
+
 def table_stats(conn: Connection, table: Table, cutoff: datetime) -> TableStats:
     t = table
-    count, size, oldest, newest, max_id = conn.execute(
+    count, size, oldest, newest = conn.execute(
         select(
             func.count(),
             func.coalesce(func.sum(func.length(t.c.payload)), 0),
             func.min(t.c.created_at),
             func.max(t.c.created_at),
-            func.max(t.c.id),
-        )
+        ).where(user_channels(t))
     ).one()
+    max_id = conn.execute(select(func.max(t.c.id))).scalar()
     trimmable = conn.execute(select(func.count()).where(t.c.created_at < cutoff)).scalar()
+    internal = conn.execute(select(func.count()).where(internal_channels(t))).scalar()
     return TableStats(
         int(count),
         int(size or 0),
@@ -50,11 +65,12 @@ def table_stats(conn: Connection, table: Table, cutoff: datetime) -> TableStats:
         newest,
         None if max_id is None else int(max_id),
         int(trimmable or 0),
+        int(internal or 0),
     )
 
 
 def channel_stats(conn: Connection, table: Table, limit: int = 50) -> list[ChannelStats]:
-    """The busiest ``limit`` channels by message count."""
+    """The busiest ``limit`` channels by message count (internal ones left out)."""
     t = table
     count = func.count().label("n")
     rows = conn.execute(
@@ -64,6 +80,7 @@ def channel_stats(conn: Connection, table: Table, limit: int = 50) -> list[Chann
             func.coalesce(func.sum(func.length(t.c.payload)), 0),
             func.max(t.c.created_at),
         )
+        .where(user_channels(t))
         .group_by(t.c.channel)
         .order_by(count.desc(), t.c.channel)
         .limit(limit)
@@ -116,7 +133,10 @@ def capped_count(
 
 @dataclass(frozen=True)
 class Overview:
+    #: Messages on the app's channels.
     messages: Bounded
+    #: Rows of internal channels: the heartbeats of listening processes.
+    internal: Bounded
     #: The database's estimate when the count was capped (or the id span on SQLite, an upper
     #: bound), else ``None``.
     estimate: int | None
@@ -134,7 +154,13 @@ class Overview:
 
 def overview(conn: Connection, table: Table, dialect: Dialect, cutoff: datetime) -> Overview:
     t = table
-    messages = capped_count(conn, t)
+    # Each count reads at most COUNT_CAP + 1 entries of the channel index: internal names
+    # sort together, so the app's channels are the two ranges around them.
+    below = capped_count(conn, t, t.c.channel < INTERNAL_PREFIX, column=t.c.channel)
+    above = capped_count(conn, t, t.c.channel >= INTERNAL_END, column=t.c.channel)
+    total = below.value + above.value
+    messages = Bounded(min(total, COUNT_CAP), below.capped or above.capped or total > COUNT_CAP)
+    internal = capped_count(conn, t, internal_channels(t), column=t.c.channel)
     oldest = conn.execute(select(t.c.id, t.c.created_at).order_by(t.c.id).limit(1)).first()
     # The newest message on a user channel, among the newest few rows (heartbeats are rows too).
     newest_rows = conn.execute(
@@ -150,6 +176,7 @@ def overview(conn: Connection, table: Table, dialect: Dialect, cutoff: datetime)
     size, size_kind = dialect.table_size(conn, t)
     return Overview(
         messages=messages,
+        internal=internal,
         estimate=estimate,
         estimate_kind=kind,
         size_bytes=size,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, Table
 
 from ...connections import pool_recycle
+from ...failures import HintFailures
 from ...reads import Row
 from ...settings import Settings
 from .dialect import Dialect
@@ -79,6 +80,7 @@ class WakeHint:
         self.errors = 0
         self.reconnects = 0
         self.last_error: str | None = None
+        self._failures = HintFailures(own_url=settings.listen_url is not None)
 
     def open(self) -> None:
         """Start watching. Errors are recorded, never raised: the poll covers for them."""
@@ -167,4 +169,8 @@ class WakeHint:
         self.healthy = False
         self.errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
-        log.warning("firm-channel %s wake hint failed, polling instead: %s", self.mode, exc)
+        self._failures.failed(exc, f"{self.mode} wake hint", self._worked())
+
+    def _worked(self) -> tuple[int, int, int]:
+        """Moves whenever the hint did its work (:class:`HintFailures`)."""
+        return (self.wakes, self.reconnects, self.epoch)

@@ -311,7 +311,7 @@ class AdaptivePollHint(WakeHint):
             return
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.RETRY_MAX)
-        log.warning("firm-channel idle wait failed, polling until it is back: %s", exc)
+        self._failures.failed(exc, "idle wait", self._worked())
 
     def close(self) -> None:
         self._connector.close()
