@@ -21,6 +21,7 @@ from .health import ListenerHealth
 from .message import HistoryChanged, HistoryTrimmed
 from .position import ReadPosition
 from .reads import BATCH, Range, Row
+from .repair import REPAIR_HASH
 from .subscriptions import Subscriber
 
 log = logging.getLogger("flask_firm_channel")
@@ -86,7 +87,9 @@ class CatchUp:
         if sub.resume is not None:
             self._check_resume(sub)
         pending = position.begin_catch_up(sub, now)
-        hashes = tuple(sorted(sub.hashes))
+        # A resumed subscriber reads the repair records after its cursor too: a late commit
+        # below the cursor that its stream never got is named there (``repair.py``).
+        hashes = tuple(sorted(sub.hashes | {REPAIR_HASH} if sub.resume else sub.hashes))
         read = 0
         low = sub.anchor
         while True:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -22,9 +23,14 @@ from .health import ListenerHealth
 from .message import Message
 from .position import ReadPosition
 from .reads import Row
+from .repair import REPAIR_CHANNEL
 from .subscriptions import Subscriber, SubscriptionRegistry
 
 log = logging.getLogger("flask_firm_channel")
+
+
+def _ignore(row: Row, only: Subscriber | None) -> None:
+    pass
 
 
 class Dispatcher:
@@ -42,6 +48,9 @@ class Dispatcher:
         #: The latest delivered message's ``created_at`` and when it was dispatched (the
         #: lag is worked out when health() is asked, not at every delivery).
         self.lag_of: tuple[datetime, float] | None = None
+        #: Called with a repair record taken (``repair.py``) and the subscriber being caught
+        #: up, if any.
+        self.on_repair: Callable[[Row, Subscriber | None], None] = _ignore
 
     def deliver(self, row: Row, late: bool | None, only: Subscriber | None = None) -> None:
         """Hand ``row``, taken by the position as ``late`` (``position.NEW``, ``LATE`` or
@@ -52,6 +61,8 @@ class Dispatcher:
             return
         subs = self._registry.snapshot.by_channel.get(row.channel)
         if not subs:
+            if row.channel == REPAIR_CHANNEL:
+                self.on_repair(row, only)
             return  # a channel_hash collision, or a channel unsubscribed since
         delivered = False
         #: One Message for every caught-up subscriber without a cursor of its own (no open
@@ -107,6 +118,19 @@ class Dispatcher:
             return self._callbacks.submit(sub, value, msg_id)
         call_inline(sub, value, msg_id, self._callbacks.errors)
         return True
+
+    def deliver_to(self, sub: Subscriber, row: Row) -> None:
+        """Hand ``row`` to ``sub`` alone, whatever its anchor: a late commit it was owed, named
+        by a repair record read while catching it up (``Poller.repair``)."""
+        if not sub.active:
+            return
+        if sub.wants_messages:
+            value: Any = self._message(row, sub, caught_up=False)
+            msg_id = None
+        else:
+            value, msg_id = row.payload, row.id
+        if self._call(sub, value, msg_id):
+            self._health.delivered += 1
 
     def notice(self, sub: Subscriber, value: Any) -> None:
         """Hand ``sub`` a notice of the engine's (:class:`HistoryTrimmed`,

@@ -54,9 +54,16 @@ class ListenerHealth:
     resets: int = 0
     #: Messages this process broadcast (stored) on this table, listening or not.
     broadcasts: int = 0
-    #: Broadcasts in a caller's transaction that committed past the commit grace (each
-    #: logged as a warning): listeners may have skipped them.
+    #: Broadcasts of this process whose commit came back later than the commit grace after
+    #: their INSERT (each logged as a warning): listeners may have given their ids up, so
+    #: each is named in a repair record (``repair.py``) that makes every listener deliver it.
     late_commits: int = 0
+    #: Repair records this process wrote for those, and late commits it could not name in one
+    #: (the record's INSERT failed: logged at ERROR; listeners that gave them up skip them).
+    repairs: int = 0
+    unrepaired: int = 0
+    #: Late rows this listener delivered because a repair record named them.
+    repaired: int = 0
     #: Times the database was found no longer holding messages this process had delivered
     #: (a failover to a server without the last commits, a restore), each logged at ERROR;
     #: how many messages those were; the last one in words, and when (epoch seconds).

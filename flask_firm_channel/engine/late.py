@@ -1,19 +1,20 @@
-"""Late commits: a broadcast inside the caller's transaction that commits more than
-``commit_grace`` after its INSERT.
+"""Late commits: a broadcast whose transaction commits more than ``commit_grace`` after its
+INSERT.
 
 A listener keeps an id it has not seen as a gap for one commit grace after a higher id turned
-up, then gives it up (``position.py``). A row that commits later than that may never be
-delivered, to any listener. The listener cannot know (it never saw the row), but the
-transaction's owner can: it knows when it inserted and when it committed. On backends that
-serialise writers (SQLite) commit order is id order and nothing can be skipped, so nothing is
-reported there.
+up, then gives it up (``position.py``). A row that commits later than that may be skipped by
+every listener that passed its id. The listener cannot know (it never saw the row), but the
+process that broadcast it can: it knows when it inserted and when the commit returned. So each
+such broadcast is logged, counted, and named in a repair record that makes every listener
+deliver it after all (``repair.py``). On backends that serialise writers (SQLite) commit order
+is id order and nothing can be skipped, so nothing is checked there.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 log = logging.getLogger("flask_firm_channel")
@@ -30,35 +31,61 @@ class PendingBroadcast:
 
 
 class LateCommits:
-    """Checks the broadcasts of a transaction when it commits; counts the late ones."""
+    """Checks the broadcasts of a transaction when it commits; counts and repairs the late
+    ones. ``repair(late)`` writes a repair record naming them and returns its id."""
 
-    def __init__(self, grace: float, *, serial_commits: bool) -> None:
+    def __init__(
+        self,
+        grace: float,
+        *,
+        serial_commits: bool,
+        repair: Callable[[list[PendingBroadcast]], int],
+    ) -> None:
         self.grace = grace
         self.serial_commits = serial_commits
+        self._repair = repair
         self.count = 0
+        self.repairs = 0
+        self.unrepaired = 0
 
     def check(self, pending: Iterable[PendingBroadcast], committed: float | None = None) -> int:
-        """Warn about each broadcast in ``pending`` that committed past the grace (at
-        ``committed``, default now); return how many did."""
-        if self.serial_commits:
+        """Repair and report each broadcast in ``pending`` that committed past the grace (at
+        ``committed``, default now); return how many did. Nothing is checked where writers
+        are serialised (SQLite), nor with a grace of 0 (no commit is waited for at all: every
+        one would be late)."""
+        if self.serial_commits or self.grace <= 0:
             return 0
         now = time.monotonic() if committed is None else committed
-        late = 0
-        for item in pending:
-            age = now - item.inserted
-            if age > self.grace:
-                late += 1
-                log.warning(
-                    "firm-channel message %s on channel %r committed %.1f s after its INSERT, "
-                    "past the commit grace (%g s): listeners may have skipped it. Commit "
-                    "sooner after broadcast(session=...), or raise the commit grace",
-                    item.id,
-                    _shown(item.channel),
-                    age,
-                    self.grace,
-                )
-        self.count += late
-        return late
+        late = [item for item in pending if now - item.inserted > self.grace]
+        if not late:
+            return 0
+        self.count += len(late)
+        try:
+            record: int | None = self._repair(late)
+        except Exception as exc:  # noqa: BLE001 - the commit happened: said, never raised
+            record = None
+            self.unrepaired += len(late)
+            log.error(
+                "firm-channel could not write the repair record for %d late commit(s) (%s): "
+                "listeners that gave their ids up skip them",
+                len(late),
+                " ".join(str(exc).split())[:300],
+            )
+        else:
+            self.repairs += 1
+        for item in late:
+            log.warning(
+                "firm-channel message %s on channel %r committed %.1f s after its INSERT, "
+                "past the commit grace (%g s): %s",
+                item.id,
+                _shown(item.channel),
+                now - item.inserted,
+                self.grace,
+                f"repaired: every listener delivers it once (repair record {record})"
+                if record is not None
+                else "listeners may have skipped it",
+            )
+        return len(late)
 
 
 def _shown(channel: bytes) -> str:

@@ -427,7 +427,7 @@ class Listener:
             assert position.high_water is not None
             hold.acquire()  # (not ``with``, once a message: see callbacks/runner.py)
             try:
-                rows = hint.carry(position.high_water, snap.hash_set)
+                rows = hint.carry(position.high_water, position.followed)
             finally:
                 hold.release()
             if isinstance(rows, bool):

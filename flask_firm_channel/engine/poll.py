@@ -30,9 +30,10 @@ from .dispatch import Dispatcher
 from .forkhold import DriverHold
 from .health import ListenerHealth
 from .history import History
-from .position import NEW, ReadPosition
+from .position import LATE, NEW, ReadPosition
 from .reads import BATCH, Range, Reads, Row
-from .subscriptions import SubscriptionRegistry
+from .repair import REPAIR_HASH, parse_repair
+from .subscriptions import Subscriber, SubscriptionRegistry
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -82,8 +83,11 @@ class Poller:
         self._on_start = on_start
         self._clock = clock
         self.reads = reads
-        self.position = ReadPosition(grace)
+        self.position = ReadPosition(grace, frozenset({REPAIR_HASH}))
         self.dispatch = Dispatcher(registry, self.position, callbacks, health)
+        self.dispatch.on_repair = self._repair_record
+        #: Repair records taken by the current batch, applied once it is taken.
+        self._repairs: list[tuple[int, int]] = []
         self.catch_up = CatchUp(self.position, self.dispatch, self._read, self, health)
         self.history = History(
             reads,
@@ -177,6 +181,8 @@ class Poller:
         self._take(rows, seen)
         self._health.carried += len(rows)
         self._health.last_poll_at = self._clock()
+        if self.position.deferred:
+            self._deliver_due()
 
     # -- a read of the table --------------------------------------------------------------
 
@@ -212,6 +218,8 @@ class Poller:
         epoch = self._hint.epoch
         read = self.catch_up.run(now)
         read += self._read_new(now)
+        if position.deferred:
+            self._deliver_due()
         # Only now: a gap is given up once a read that began past its deadline did not find
         # it (a listener held up for longer than the grace still reads it once more).
         position.expire(now)
@@ -280,13 +288,17 @@ class Poller:
             for row in rows:  # (a busy channel's messages: no gap opens, nothing to look up)
                 position.high_water = row.id
                 deliver(row, NEW)
+            if self._repairs:
+                self._apply_repairs()
             return
         # Other channels' rows inside the gaps this batch opens are looked up before any
         # dispatch, so a cursor handed out below never lists them as pending.
         fresh = position.fresh_spans(rows, settled)
         foreign = sorted(self._foreign_ids(fresh, seen)) if fresh else []
-        for row, late in position.take(rows, foreign, settled):
+        for row, late in position.take(rows, foreign, settled, self._clock()):
             deliver(row, late)
+        if self._repairs:
+            self._apply_repairs()
 
     def _foreign_ids(self, fresh: list[tuple[int, int]], seen: Seen | None) -> set[int]:
         """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a
@@ -311,6 +323,47 @@ class Poller:
             self._health.rows_read += len(found)
             foreign.update(i for i, h in found if not wanted(h, i))
         return foreign
+
+    # -- late commits (repair.py) ------------------------------------------------------------
+
+    def _repair_record(self, row: Row, only: Subscriber | None) -> None:
+        """A repair record was taken: applied once the batch it came in is taken (live), or
+        now for the subscriber being caught up (``only``)."""
+        late = parse_repair(row.payload)
+        if only is None:
+            self._repairs.extend(late)
+            return
+        resume = only.resume
+        if resume is None:
+            return
+        owed = [
+            (i, h)
+            for i, h in late
+            if h in only.hashes
+            and i <= resume.high
+            and not any(a <= i <= b for a, b in resume.gaps)
+        ]
+        for found in self._rows_by_id(owed):
+            self.dispatch.deliver_to(only, found)
+
+    def _apply_repairs(self) -> None:
+        late, self._repairs = self._repairs, []
+        deferred, parked = self.position.repair(late)
+        found = deferred + self._rows_by_id(parked)
+        for row in sorted(found):
+            self.dispatch.deliver(row, LATE)
+        if found:
+            self._health.repaired += len(found)
+
+    def _deliver_due(self) -> None:
+        """Deferred rows no repair named within a grace: delivered now."""
+        for row in self.position.due_deferred(self._clock()):
+            self.dispatch.deliver(row, LATE)
+
+    def _rows_by_id(self, ids: list[tuple[int, int]]) -> list[Row]:
+        if not ids:
+            return []
+        return self._read([Range((h,), i - 1, i) for i, h in ids], limit=None)
 
     # -- around the reads -----------------------------------------------------------------
 

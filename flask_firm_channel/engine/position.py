@@ -22,6 +22,15 @@ no subscriber at all. Subscribing after an hour without subscribers reads nothin
 
 A subscriber resumed from a cursor (``1234.1230``) is also owed the cursor's gaps below its
 anchor: they are *pending* for it, read with the rest until they turn up or the grace passes.
+
+A commit later than the grace (a transaction held open, a cluster that stalls) is repaired:
+the process that made it sees that it committed late and writes a repair record naming it
+(``repair.py``), which every listener takes like a message. So a gap given up is *parked*
+(remembered for ``PARK_HORIZON``), and the repair delivers its row then; a row found filling
+a gap more than a grace after it was created (it may have committed late, and a repair may
+follow) is *deferred* until its repair comes or another grace passes, and delivered once
+either way. Until then it stays pending in the cursors handed out, so a stream resumed in
+between is owed it too.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 
 from .cursor import Cursor
-from .gaps import GapList
+from .gaps import Gap, GapList
 from .reads import Range, Row
 from .subscriptions import Snapshot, Subscriber
 from .table import channel_hash
@@ -42,6 +51,10 @@ MAX_GAP_RANGES = 32
 #: The rows taken most recently that the position remembers, to check that the database still
 #: holds them (``history.py``).
 RECENT = 4096
+#: Gaps given up are remembered (parked) this many seconds, and at most PARKED_RANGES of
+#: them: a repair record naming one of their ids delivers its row (``repair.py``).
+PARK_HORIZON = 3600.0
+PARKED_RANGES = 4096
 
 #: What a row is to the position once taken: above the high-water mark (``NEW``), filling a
 #: gap (``LATE``), or an id already passed without a gap (``SEEN``: only a resumed
@@ -80,10 +93,12 @@ class Pending:
 
 
 class ReadPosition:
-    """The read position of one listener (see the module's docstring)."""
+    """The read position of one listener (see the module's docstring). ``also``: channel
+    hashes followed whenever any is (the repair records' channel), from the earliest anchor."""
 
-    def __init__(self, grace: float) -> None:
+    def __init__(self, grace: float, also: frozenset[int] = frozenset()) -> None:
         self.grace = grace
+        self.also = also
         #: The largest id read; None until the position has started (:meth:`anchor`).
         self.high_water: int | None = None
         self.gaps = GapList()
@@ -109,6 +124,11 @@ class ReadPosition:
         #: none is left.
         self.replayed: dict[int, datetime] = {}
         self.replayed_until = 0
+        #: Gaps given up (their ``revealed_at`` is when they were), for repairs.
+        self.parked = GapList()
+        #: Rows found filling a gap later than a grace after they were created, by id, with
+        #: when they are delivered if no repair names them first (epoch seconds).
+        self.deferred: dict[int, tuple[Row, float]] = {}
 
     # -- starting -------------------------------------------------------------------------
 
@@ -161,7 +181,11 @@ class ReadPosition:
             for h in sub.hashes:
                 by_hash[h] = min(by_hash.get(h, sub.anchor), sub.anchor)
         hw = self.high_water
-        for h in snap.hash_set:
+        followed = snap.hash_set | self.also if snap.hash_set else snap.hash_set
+        earliest = min(by_hash.values(), default=hw)
+        for h in self.also:
+            by_hash.setdefault(h, earliest)
+        for h in followed:
             lowest_anchor = by_hash.get(h, hw)
             if h not in self.followed:
                 self.floors[h] = lowest_anchor
@@ -174,11 +198,11 @@ class ReadPosition:
         for key, (sub, _) in list(self.pending.items()):
             if not sub.active:
                 del self.pending[key]
-        if self.followed != snap.hash_set:
-            self.followed_sorted = tuple(sorted(snap.hash_set))
-        self.followed = snap.hash_set
+        if self.followed != followed:
+            self.followed_sorted = tuple(sorted(followed))
+            self.followed = followed
         self._followed_key = follow_key
-        lowest = min(self.floors.get(h, -1) for h in snap.hash_set)
+        lowest = min(self.floors.get(h, -1) for h in followed)
         if lowest > self.high_water:
             # Nothing between here and ``lowest`` concerns any subscriber. It was not read,
             # so it is a gap for a subscriber resuming below it (none probes it otherwise).
@@ -232,19 +256,33 @@ class ReadPosition:
         Every id of such a gap that was ever going to commit in time had committed when that
         read began, and it read the gap: whatever it did not find is no row, or broke the
         grace. (Before any read that began past the deadline, the gap is read again.)"""
-        self.gaps.expire(read_at - self.grace)
+        if self.gaps:
+            given_up = [g for g in self.gaps if g.revealed_at <= read_at - self.grace]
+            if given_up:
+                self.gaps.expire(read_at - self.grace)
+                self._park(given_up, read_at)
         if self.pending:
             for key, (_, pending) in list(self.pending.items()):
                 if pending.expires < read_at or not pending.gaps:
                     del self.pending[key]
 
+    def _park(self, gaps: list[Gap], at: float) -> None:
+        for gap in gaps:
+            self.parked.add(gap.start, gap.end, at)
+        self.parked.expire(at - PARK_HORIZON)
+        if len(self.parked) > PARKED_RANGES:
+            self.parked = GapList(sorted(self.parked, key=lambda g: g.revealed_at)[-PARKED_RANGES:])
+            self.parked = GapList(sorted(self.parked, key=lambda g: g.start))
+
     def next_deadline(self) -> float | None:
         """The earliest moment (epoch seconds) at which :meth:`expire` would settle a gap or
-        a resumed subscriber's pending ids, if a read began then; None if none is open."""
-        if not self.gaps and not self.pending:
+        a resumed subscriber's pending ids, if a read began then, or a deferred row is due;
+        None if none is open."""
+        if not self.gaps and not self.pending and not self.deferred:
             return None
         deadlines = [gap.revealed_at + self.grace for gap in self.gaps]
         deadlines.extend(pending.expires for _, pending in self.pending.values())
+        deadlines.extend(until for _, until in self.deferred.values())
         return min(deadlines, default=None)
 
     def is_next(self, rows: list[Row]) -> bool:
@@ -278,13 +316,15 @@ class ReadPosition:
         rows: list[Row],
         foreign: list[int],
         settled: tuple[int, int] | None = None,
+        now: float | None = None,
     ) -> Iterator[tuple[Row, bool | None]]:
         """Take ``rows`` (read or carried, in the order found), yielding each with what it is
         to the position (:data:`NEW`, :data:`LATE` or :data:`SEEN`) once the high-water mark
         and the gaps have moved past it, so that what the caller hands on with it (a cursor)
         is as of that row. ``foreign``: sorted ids inside :meth:`fresh_spans` known to be
         other channels' rows; ``settled``: the hint's settled ids as they were before
-        ``rows`` were read."""
+        ``rows`` were read. A row filling a gap found at ``now``, more than a grace after it
+        was created, is deferred instead (:meth:`due_deferred`, :meth:`repair`)."""
         for row in rows:
             hw = self.high_water
             assert hw is not None
@@ -301,9 +341,31 @@ class ReadPosition:
                 yield row, NEW
             elif self.gaps.inside([row.id]):
                 self.gaps.remove([row.id])
-                yield row, LATE
+                if now is not None and epoch(row.created_at) + self.grace < now:
+                    self.deferred[row.id] = (row, now + self.grace)
+                else:
+                    yield row, LATE
             else:
                 yield row, SEEN
+
+    def due_deferred(self, now: float) -> list[Row]:
+        """The deferred rows no repair named within a grace: delivered now, as late rows."""
+        due = [row for row, until in self.deferred.values() if until <= now]
+        for row in due:
+            del self.deferred[row.id]
+        return sorted(due)
+
+    def repair(self, late: list[tuple[int, int]]) -> tuple[list[Row], list[tuple[int, int]]]:
+        """A repair record names ``late`` ``(id, channel_hash)``: their commits came later
+        than the grace. Returns the deferred rows among them (to deliver now) and the ids
+        given up (parked) among them, of followed channels (to read and deliver now); both
+        are forgotten here. Any other id was delivered already, or is still awaited in a gap
+        (read as usual), or concerns no subscriber of this process."""
+        rows = [self.deferred.pop(i)[0] for i, _ in late if i in self.deferred]
+        parked = [(i, h) for i, h in late if h in self.followed and self.parked.inside([i])]
+        if parked:
+            self.parked.remove(i for i, _ in parked)
+        return sorted(rows), parked
 
     def live(self, row: Row, late: bool | None) -> bool | None:
         """A row just taken as ``late``: None if nobody gets it (it predates the table going
@@ -352,7 +414,7 @@ class ReadPosition:
     def owed_below(self, sub: Subscriber) -> bool:
         """Whether ``sub``'s cursor differs from the plain high-water mark: gaps are open, or
         it still awaits pending ids (its messages then carry cursors of their own)."""
-        return bool(self.gaps) or id(sub) in self.pending
+        return bool(self.gaps) or bool(self.deferred) or id(sub) in self.pending
 
     def delivered(
         self, row: Row, sub: Subscriber, *, caught_up: bool
@@ -368,6 +430,8 @@ class ReadPosition:
         awaited = self.pending.get(id(sub))
         if awaited is not None:
             gaps += awaited[1].gaps.within(-1, high)
+        if self.deferred:
+            gaps += [(i, i) for i in self.deferred if sub.anchor < i <= high]
         return high, gaps
 
     def fell_behind(self, sub: Subscriber, row: Row, *, caught_up: bool) -> Cursor:
@@ -414,6 +478,8 @@ class ReadPosition:
         self.gaps.clear()
         self.floors.clear()
         self.pending.clear()
+        self.parked.clear()
+        self.deferred.clear()
         self.followed, self._followed_key = frozenset(), None
         self.not_before = self.newest_seen
         for sub in subs:
@@ -436,6 +502,8 @@ class ReadPosition:
         self.followed, self._followed_key = frozenset(), None
         self.replayed = dict(kept)
         self.replayed_until = max(high_water, max(kept, default=0))
+        self.parked.clear()
+        self.deferred.clear()
         self.recent = deque(
             ((i, c) for i, c in self.recent if i <= parting or kept.get(i) == c), maxlen=RECENT
         )
@@ -454,7 +522,7 @@ class ReadPosition:
 
     def copy(self) -> ReadPosition:
         """The same position, for a forked child that goes on from its parent's."""
-        other = ReadPosition(self.grace)
+        other = ReadPosition(self.grace, self.also)
         other.high_water = self.high_water
         other.gaps = self.gaps.copy()
         other.floors = dict(self.floors)
@@ -464,5 +532,7 @@ class ReadPosition:
         other.not_before = self.not_before
         other.newest_seen = self.newest_seen
         other.recent = deque(self.recent, maxlen=RECENT)
+        other.parked = self.parked.copy()
+        other.deferred = dict(self.deferred)
         other.replayed, other.replayed_until = dict(self.replayed), self.replayed_until
         return other

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable
 
@@ -26,6 +27,7 @@ from .late import LateCommits, PendingBroadcast
 from .listener import Listener
 from .message import HistoryTrimmed, Message
 from .publish import Publisher
+from .repair import REPAIR_CHANNEL, REPAIR_HASH, repair_record
 from .settings import Duration, Settings
 from .subscriptions import Callback, Subscriber, Subscription, SubscriptionRegistry
 from .trim import Trimmer
@@ -68,7 +70,9 @@ class PubSub:
         self._anchor = Anchor(self._read_max_id)
         self._callbacks = CallbackRunner(on_drained=self._catch_up)
         self._late = LateCommits(
-            self.settings.commit_grace, serial_commits=self.dialect.serial_commits
+            self.settings.commit_grace,
+            serial_commits=self.dialect.serial_commits,
+            repair=self._write_repair,
         )
         self._lock = threading.RLock()
         self._listener: Listener | None = None
@@ -113,6 +117,7 @@ class PubSub:
     def _publish(self, rows: list[tuple[bytes, bytes]], connection: Connection | None) -> list[int]:
         if not rows:
             return []
+        started = time.monotonic()
         try:
             if not tracing.active():
                 ids = self._publisher.publish(rows, connection)
@@ -121,6 +126,13 @@ class PubSub:
         except Exception as exc:
             # As database_errors() does, without a context manager's cost on every broadcast.
             raise_as_dbapi_error(exc, self.dialect, self.table.name)
+        if connection is None and time.monotonic() - started > self._late.grace > 0:
+            # The engine's own transaction came back late (a cluster that stalled, a lock
+            # waited for): repaired like a caller's (late.py).
+            self._late.check(
+                PendingBroadcast(channel, msg_id, started)
+                for (channel, _), msg_id in zip(rows, ids, strict=True)
+            )
         with self._count_lock:
             self._broadcasts += len(rows)
         followed = self._registry.snapshot.by_channel
@@ -136,11 +148,17 @@ class PubSub:
 
         ``broadcasts`` are that transaction's (:class:`PendingBroadcast`: channel, id and the
         monotonic time taken before the INSERT): each that committed later than the commit
-        grace after its INSERT is logged as a warning and counted in
-        ``health().late_commits``, since listeners may have skipped it.
+        grace after its INSERT is named in a repair record, so that every listener delivers
+        it once even if it had given its id up (``repair.py``), logged as a warning and
+        counted in ``health().late_commits``.
         """
         self._late.check(broadcasts)
         self._wake_listener()
+
+    def _write_repair(self, late: list[PendingBroadcast]) -> int:
+        """Broadcast the repair record naming ``late``; its id."""
+        record = repair_record((item.id, item.channel) for item in late)
+        return self._publisher.publish([(REPAIR_CHANNEL, record)])[0]
 
     def _wake_listener(self) -> None:
         listener = self._listener
@@ -279,7 +297,7 @@ class PubSub:
             resume = resume or self._listener
 
             def interested(hash_: int) -> bool:
-                return hash_ in self._registry.snapshot.hash_set
+                return hash_ in self._registry.snapshot.hash_set or hash_ == REPAIR_HASH
 
             hint = make_hint(self.dialect, self.table, self.settings, interested)
             listener = Listener(
@@ -322,6 +340,8 @@ class PubSub:
         listener = self._listener
         health = listener.health() if listener is not None else ListenerHealth()
         health.late_commits = self._late.count
+        health.repairs = self._late.repairs
+        health.unrepaired = self._late.unrepaired
         health.broadcasts = self._broadcasts
         return health
 
