@@ -40,15 +40,32 @@ class ModelRow:
 
 
 class ModelTable:
-    def __init__(self) -> None:
+    """``step`` writers hand out ids, writer ``w`` those of residue ``w`` modulo ``step``, each
+    past every id it has seen committed (as MariaDB Galera's nodes do); one by default."""
+
+    def __init__(self, step: int = 1) -> None:
         self.rows: dict[int, ModelRow] = {}
+        self.step = step
         self._next_id = 1
+        #: Each writer's last id handed out.
+        self._last: dict[int, int] = {}
 
     # -- what the test does to it ---------------------------------------------------------
 
-    def insert(self, channel: bytes, now: float) -> int:
-        msg_id = self._next_id
-        self._next_id += 1
+    def insert(self, channel: bytes, now: float, writer: int = 0) -> int:
+        if self.step == 1:
+            msg_id = self._next_id
+            self._next_id += 1
+        else:
+            # Past what this writer handed out and every row it has seen committed.
+            floor = max(
+                [self._last.get(writer, 0)]
+                + [r.id for r in self.rows.values() if r.committed_at is not None]
+            )
+            msg_id = floor + 1
+            while msg_id % self.step != writer % self.step:
+                msg_id += 1
+            self._last[writer] = msg_id
         self.rows[msg_id] = ModelRow(msg_id, channel, now)
         return msg_id
 
@@ -151,3 +168,6 @@ class ModelReads:
     def created_at_of(self, ids: Sequence[int]) -> dict[int, datetime]:
         rows = self.table.rows
         return {i: at(rows[i].created) for i in ids if i in rows and rows[i].visible}
+
+    def id_step(self) -> int:
+        return self.table.step

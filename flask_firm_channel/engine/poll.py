@@ -45,6 +45,10 @@ FOREIGN_READ_LIMIT = 1000
 RESET_CHECK_INTERVAL = 1.0
 #: Spans of ids looked up per statement.
 SPANS_PER_READ = 32
+#: How often the distance between one writer's ids is read again (MariaDB Galera changes it
+#: when a node joins or leaves; other databases have none to read).
+STEP_CHECK_INTERVAL = 1.0
+STEP_RECHECK_INTERVAL = 30.0
 
 
 def _nothing() -> None:
@@ -114,6 +118,7 @@ class Poller:
         #: The followed hashes the wake hint was last told of.
         self._hinted: frozenset[int] | None = None
         self._last_reset_check = 0.0
+        self._step_check_at = 0.0
 
     def resume_from(self, previous: Poller) -> None:
         """Go on from ``previous``'s read position (a forked child, see ``Listener``)."""
@@ -193,6 +198,13 @@ class Poller:
             connected = self.reads.connect_if_needed()
         if connected:
             self.history.after_connect()  # (a failover that lost messages moves the position)
+        now = self._clock()
+        if connected or now >= self._step_check_at:
+            interleave = self.position.interleave
+            with self._busy.lock:
+                interleave.set_step(self.reads.id_step())
+            busy = interleave.step > 1
+            self._step_check_at = now + (STEP_CHECK_INTERVAL if busy else STEP_RECHECK_INTERVAL)
         # Taken before the snapshot, so every subscriber caught up below is part of the
         # snapshot this poll reads with.
         self.catch_up.add(self._registry.take_added())
@@ -288,6 +300,8 @@ class Poller:
             for row in rows:  # (a busy channel's messages: no gap opens, nothing to look up)
                 position.high_water = row.id
                 deliver(row, NEW)
+            if position.interleave.step > 1:
+                position.fresh_spans(rows, settled)  # (notes the residues seen)
             if self._repairs:
                 self._apply_repairs()
             return

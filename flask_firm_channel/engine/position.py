@@ -42,6 +42,7 @@ from datetime import datetime, timezone
 
 from .cursor import Cursor
 from .gaps import Gap, GapList
+from .interleave import Interleave
 from .reads import Range, Row
 from .subscriptions import Snapshot, Subscriber
 from .table import channel_hash
@@ -99,6 +100,10 @@ class ReadPosition:
     def __init__(self, grace: float, also: frozenset[int] = frozenset()) -> None:
         self.grace = grace
         self.also = also
+        #: Ids handed out by several writers (MariaDB Galera): only active residues' gaps.
+        self.interleave = Interleave(2 * grace)
+        #: Ids of a residue that became active again, to open as gaps (see interleave.py).
+        self._retro: list[tuple[int, float]] = []
         #: The largest id read; None until the position has started (:meth:`anchor`).
         self.high_water: int | None = None
         self.gaps = GapList()
@@ -305,11 +310,25 @@ class ReadPosition:
         fresh: list[tuple[int, int]] = []
         top = self.high_water
         assert top is not None
+        interleave = self.interleave
         for row in rows:
+            at = epoch(row.created_at)
+            if interleave.step > 1:
+                self._retro.extend((i, at) for i in interleave.saw(row.id, at))
             if row.id > top + 1:
-                fresh.extend(outside(top + 1, row.id - 1, settled))
+                fresh.extend(self._new_gaps(top + 1, row.id - 1, at, settled))
             top = max(top, row.id)
         return fresh
+
+    def _new_gaps(
+        self, start: int, end: int, at: float, settled: tuple[int, int] | None
+    ) -> list[tuple[int, int]]:
+        """The ids ``start..end``, passed by a row created at ``at``, that may still commit:
+        outside ``settled``, and of the active residues where writers interleave."""
+        parts = outside(start, end, settled)
+        if self.interleave.step == 1:
+            return parts
+        return [gap for a, b in parts for gap in self.interleave.gap_ids(a, b, at)]
 
     def take(
         self,
@@ -325,13 +344,21 @@ class ReadPosition:
         other channels' rows; ``settled``: the hint's settled ids as they were before
         ``rows`` were read. A row filling a gap found at ``now``, more than a grace after it
         was created, is deferred instead (:meth:`due_deferred`, :meth:`repair`)."""
+        if self._retro:
+            retro, self._retro = self._retro, []
+            hw = self.high_water
+            assert hw is not None
+            for i, at in retro:
+                if i <= hw:
+                    self.gaps.add(i, i, at)
         for row in rows:
             hw = self.high_water
             assert hw is not None
             if row.id > hw:
                 if row.id > hw + 1:
-                    for start, end in outside(hw + 1, row.id - 1, settled):
-                        self.gaps.open(start, end, epoch(row.created_at))
+                    at = epoch(row.created_at)
+                    for start, end in self._new_gaps(hw + 1, row.id - 1, at, settled):
+                        self.gaps.open(start, end, at)
                     others = foreign[
                         bisect.bisect_right(foreign, hw) : bisect.bisect_left(foreign, row.id)
                     ]

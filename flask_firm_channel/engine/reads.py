@@ -187,6 +187,14 @@ class Reads:
             return None
         return self._run(compiled, {})[0][0]
 
+    def id_step(self) -> int:
+        """The distance between two ids one writer hands out (``Dialect.id_step``): 1 but on
+        MariaDB Galera."""
+        compiled = self._dialect.id_step(self._engine)
+        if compiled is None:
+            return 1
+        return int(self._run(compiled, {})[0][0] or 1)
+
     def created_at_of(self, ids: Sequence[int]) -> dict[int, datetime]:
         """``created_at`` of each of ``ids`` the table holds, by id."""
         found: dict[int, datetime] = {}

@@ -228,6 +228,12 @@ class Dialect:
         timeline); None where the backend has nothing of the kind."""
         return None
 
+    def id_step(self, engine: Engine) -> Compiled | None:
+        """A statement whose one value is the distance between two ids one writer hands out
+        (MariaDB Galera's ``auto_increment_increment``, the cluster's size); None where ids
+        come from one sequence."""
+        return None
+
     def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
         """Make the next id the table hands out larger than ``last`` (and every id handed out
         before): after a failover to a server whose sequence is behind, ids already delivered
