@@ -27,6 +27,7 @@ class ModelRow:
     id: int
     channel: bytes
     created: float
+    payload: bytes = b""
     committed_at: float | None = None
     rolled_back: bool = False
     #: The test's step numbers of its commit and its trim (events at one model time are
@@ -52,7 +53,7 @@ class ModelTable:
 
     # -- what the test does to it ---------------------------------------------------------
 
-    def insert(self, channel: bytes, now: float, writer: int = 0) -> int:
+    def insert(self, channel: bytes, now: float, writer: int = 0, payload: bytes = b"") -> int:
         if self.step == 1:
             msg_id = self._next_id
             self._next_id += 1
@@ -66,7 +67,7 @@ class ModelTable:
             while msg_id % self.step != writer % self.step:
                 msg_id += 1
             self._last[writer] = msg_id
-        self.rows[msg_id] = ModelRow(msg_id, channel, now)
+        self.rows[msg_id] = ModelRow(msg_id, channel, now, payload)
         return msg_id
 
     def commit(self, ids: list[int], now: float, step: int) -> None:
@@ -109,7 +110,7 @@ class ModelTable:
                 matched = matched[:limit]
             for row in matched:
                 if row.id not in found:
-                    found[row.id] = Row(row.id, row.channel, b"", at(row.created), k)
+                    found[row.id] = Row(row.id, row.channel, row.payload, at(row.created), k)
         return [found[i] for i in sorted(found)]
 
     def ids_between(self, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

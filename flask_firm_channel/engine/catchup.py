@@ -107,10 +107,10 @@ class CatchUp:
                 if not rows:
                     break
             for row in rows:
-                late = position.gaps.inside([row.id])
-                if late:
-                    position.gaps.remove(late)
-                self._dispatch.deliver(row, bool(late), only=sub)
+                # A row in a gap, or one the listener passed (parked, deferred), found here:
+                # everyone owed it gets it now.
+                late = position.fill(row.id) or position.claim_passed(row.id)
+                self._dispatch.deliver(row, late, only=sub)
                 if sub.behind:
                     # Its lane is full: the rest waits in the table until the lane drains.
                     return read

@@ -50,6 +50,21 @@ class GapList:
         self._gaps.append(gap)
         return gap
 
+    def append(self, start: int, end: int, revealed_at: float) -> None:
+        """Record ``start..end`` above every existing gap, joined to the last one when they
+        touch (kept as long as the newer of the two)."""
+        if self._gaps:
+            last = self._gaps[-1]
+            assert start > last.end
+            if start == last.end + 1:
+                self._gaps[-1] = Gap(last.start, end, max(last.revealed_at, revealed_at))
+                return
+        self._gaps.append(Gap(start, end, revealed_at))
+
+    def keep_last(self, count: int) -> None:
+        """Forget all but the ``count`` highest gaps."""
+        del self._gaps[:-count]
+
     def add(self, start: int, end: int, revealed_at: float) -> None:
         """Record ``start..end`` anywhere in the list; ids already in a gap stay as they are."""
         pieces = [(start, end)]
@@ -110,7 +125,7 @@ class GapList:
     def expire(self, settled_before: float) -> None:
         """Forget the gaps revealed by rows created before ``settled_before``."""
         if self._gaps:
-            self._gaps = [g for g in self._gaps if g.revealed_at > settled_before]
+            self._gaps = [g for g in self._gaps if g.revealed_at >= settled_before]
 
     def inside(self, ids: Iterable[int]) -> list[int]:
         """The ``ids`` that fall inside some gap."""

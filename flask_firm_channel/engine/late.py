@@ -39,7 +39,7 @@ class LateCommits:
         grace: float,
         *,
         serial_commits: bool,
-        repair: Callable[[list[PendingBroadcast]], int],
+        repair: Callable[..., int],
     ) -> None:
         self.grace = grace
         self.serial_commits = serial_commits
@@ -86,6 +86,30 @@ class LateCommits:
                 else "listeners may have skipped it",
             )
         return len(late)
+
+    def passed(self, pending: list[PendingBroadcast]) -> None:
+        """``pending`` committed behind a higher id where writers interleave their ids (see
+        ``interleave.py``): a listener that had taken their writer for idle passed their
+        ids without waiting for them. Named in a repair record (a listener that waited for
+        one, or delivered it, finds nothing to do)."""
+        try:
+            record = self._repair(pending, passed=True)
+        except Exception as exc:  # noqa: BLE001 - the commit happened: said, never raised
+            self.unrepaired += len(pending)
+            log.error(
+                "firm-channel could not write the repair record for %d message(s) committed "
+                "behind a higher id (%s): listeners that passed their ids skip them",
+                len(pending),
+                " ".join(str(exc).split())[:300],
+            )
+            return
+        self.repairs += 1
+        log.debug(
+            "firm-channel: messages %s committed behind a higher id; repair record %d names "
+            "them",
+            [item.id for item in pending],
+            record,
+        )
 
 
 def _shown(channel: bytes) -> str:

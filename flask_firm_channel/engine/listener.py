@@ -111,6 +111,7 @@ class Listener:
             table_name=table.name,
             move_ids=self._move_ids_past,
             move_ids_sql=lambda last: dialect.move_ids_sql(table, last),
+            late_commits=not dialect.serial_commits,
             on_start=self._check_indexes,
         )
         #: What the thread sleeps on: rung by :meth:`wake` and :meth:`close`.

@@ -76,6 +76,7 @@ class Poller:
         table_name: str,
         move_ids: Callable[[int], None] = _cannot_move_ids,
         move_ids_sql: Callable[[int], str] = str,
+        late_commits: bool = True,
         on_start: Callable[[], None] = _nothing,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -87,7 +88,9 @@ class Poller:
         self._on_start = on_start
         self._clock = clock
         self.reads = reads
-        self.position = ReadPosition(grace, frozenset({REPAIR_HASH}))
+        self.position = ReadPosition(
+            grace, frozenset({REPAIR_HASH}), late_commits=late_commits, now=clock()
+        )
         self.dispatch = Dispatcher(registry, self.position, callbacks, health)
         self.dispatch.on_repair = self._repair_record
         #: Repair records taken by the current batch, applied once it is taken.
@@ -183,7 +186,7 @@ class Poller:
         """Take and dispatch messages the hint carried: the steps every carried message goes
         through, whichever of the listener's loops got it. (They settle no gap: only a read
         does, see :meth:`ReadPosition.expire`; the listener reads when one is due.)"""
-        self._take(rows, seen)
+        self._take(rows, seen, carried=True)
         self._health.carried += len(rows)
         self._health.last_poll_at = self._clock()
         if self.position.deferred:
@@ -228,6 +231,7 @@ class Poller:
         self._hint.take_carried()
         self._hint.take_seen()
         epoch = self._hint.epoch
+        position.reading(now)
         read = self.catch_up.run(now)
         read += self._read_new(now)
         if position.deferred:
@@ -286,7 +290,12 @@ class Poller:
         return len(rows)
 
     def _take(
-        self, rows: list[Row], seen: Seen | None = None, settled: tuple[int, int] | None = None
+        self,
+        rows: list[Row],
+        seen: Seen | None = None,
+        settled: tuple[int, int] | None = None,
+        *,
+        carried: bool = False,
     ) -> None:
         """Take ``rows`` (read or carried, in the order found) and dispatch each as it is
         taken. ``seen``: the ids the hint read with carried rows; ``settled``: the hint's
@@ -309,7 +318,7 @@ class Poller:
         # dispatch, so a cursor handed out below never lists them as pending.
         fresh = position.fresh_spans(rows, settled)
         foreign = sorted(self._foreign_ids(fresh, seen)) if fresh else []
-        for row, late in position.take(rows, foreign, settled, self._clock()):
+        for row, late in position.take(rows, foreign, settled, self._clock(), carried):
             deliver(row, late)
         if self._repairs:
             self._apply_repairs()
@@ -343,10 +352,15 @@ class Poller:
     def _repair_record(self, row: Row, only: Subscriber | None) -> None:
         """A repair record was taken: applied once the batch it came in is taken (live), or
         now for the subscriber being caught up (``only``)."""
-        late = parse_repair(row.payload)
+        late, passed = parse_repair(row.payload)
         if only is None:
-            self._repairs.extend(late)
+            self._repairs.extend(late + passed)
             return
+        # A stream resumed across the record: a late commit below its cursor that it never
+        # had (its listener gave the id up; one that came in time was deferred, pending in
+        # the cursor). Ids passed where writers interleave are repaired live only: whether a
+        # stream had one is not in its cursor (an idle writer's first message, committed
+        # behind a higher id: the moment to resume across its repair lasts milliseconds).
         resume = only.resume
         if resume is None:
             return
@@ -365,6 +379,7 @@ class Poller:
         deferred, parked = self.position.repair(late)
         found = deferred + self._rows_by_id(parked)
         for row in sorted(found):
+            self.position.fill(row.id)  # (a gap opened for it since is settled too)
             self.dispatch.deliver(row, LATE)
         if found:
             self._health.repaired += len(found)
@@ -372,6 +387,7 @@ class Poller:
     def _deliver_due(self) -> None:
         """Deferred rows no repair named within a grace: delivered now."""
         for row in self.position.due_deferred(self._clock()):
+            self.position.fill(row.id)
             self.dispatch.deliver(row, LATE)
 
     def _rows_by_id(self, ids: list[tuple[int, int]]) -> list[Row]:

@@ -27,10 +27,11 @@ A commit later than the grace (a transaction held open, a cluster that stalls) i
 the process that made it sees that it committed late and writes a repair record naming it
 (``repair.py``), which every listener takes like a message. So a gap given up is *parked*
 (remembered for ``PARK_HORIZON``), and the repair delivers its row then; a row found filling
-a gap more than a grace after it was created (it may have committed late, and a repair may
-follow) is *deferred* until its repair comes or another grace passes, and delivered once
-either way. Until then it stays pending in the cursors handed out, so a stream resumed in
-between is owed it too.
+a gap, or above the high-water mark, that was not there when the previous read began although
+it was created more than a grace before (it committed late, and its repair follows) is
+*deferred* until its repair comes or another grace passes, and delivered once either way.
+Until then it stays pending in the cursors handed out, so a stream resumed in between is owed
+it too, and a stream resumed after the repair had it already.
 """
 
 from __future__ import annotations
@@ -97,9 +98,26 @@ class ReadPosition:
     """The read position of one listener (see the module's docstring). ``also``: channel
     hashes followed whenever any is (the repair records' channel), from the earliest anchor."""
 
-    def __init__(self, grace: float, also: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        grace: float,
+        also: frozenset[int] = frozenset(),
+        *,
+        late_commits: bool = True,
+        now: float = 0.0,
+    ) -> None:
         self.grace = grace
         self.also = also
+        #: Commits can come later than the grace here (not where writers are serialised): a
+        #: row that must have is deferred (see the module's docstring).
+        self.late_commits = late_commits
+        #: When the previous read of the table began (before any: when the position was
+        #: made); and when the latest one began.
+        self.read_floor = now
+        self._read_at = now
+        #: channel_hash -> when it was followed from (a row of it not read before then was
+        #: not missed: it was not asked for).
+        self._followed_at: dict[int, float] = {}
         #: Ids handed out by several writers (MariaDB Galera): only active residues' gaps.
         self.interleave = Interleave(2 * grace)
         #: Ids of a residue that became active again, to open as gaps (see interleave.py).
@@ -134,6 +152,9 @@ class ReadPosition:
         #: Rows found filling a gap later than a grace after they were created, by id, with
         #: when they are delivered if no repair names them first (epoch seconds).
         self.deferred: dict[int, tuple[Row, float]] = {}
+        #: Resumed subscribers' pending ids given up (a repair may name one), by
+        #: ``id(subscriber)``, with when.
+        self.pending_parked: dict[int, tuple[Subscriber, GapList, float]] = {}
 
     # -- starting -------------------------------------------------------------------------
 
@@ -187,6 +208,10 @@ class ReadPosition:
                 by_hash[h] = min(by_hash.get(h, sub.anchor), sub.anchor)
         hw = self.high_water
         followed = snap.hash_set | self.also if snap.hash_set else snap.hash_set
+        for h in followed - self.followed:
+            self._followed_at[h] = now
+        for h in self.followed - followed:
+            self._followed_at.pop(h, None)
         earliest = min(by_hash.values(), default=hw)
         for h in self.also:
             by_hash.setdefault(h, earliest)
@@ -262,22 +287,36 @@ class ReadPosition:
         read began, and it read the gap: whatever it did not find is no row, or broke the
         grace. (Before any read that began past the deadline, the gap is read again.)"""
         if self.gaps:
-            given_up = [g for g in self.gaps if g.revealed_at <= read_at - self.grace]
+            given_up = [g for g in self.gaps if g.revealed_at < read_at - self.grace]
             if given_up:
                 self.gaps.expire(read_at - self.grace)
                 self._park(given_up, read_at)
         if self.pending:
-            for key, (_, pending) in list(self.pending.items()):
+            for key, (sub, pending) in list(self.pending.items()):
                 if pending.expires < read_at or not pending.gaps:
                     del self.pending[key]
+                    if pending.gaps:  # given up for this subscriber: parked for it
+                        self.pending_parked[key] = (sub, pending.gaps, read_at)
+        if self.pending_parked:
+            for key, (sub, _, at) in list(self.pending_parked.items()):
+                if not sub.active or at < read_at - PARK_HORIZON:
+                    del self.pending_parked[key]
+
+    def _park_passed(self, start: int, end: int, at: float) -> None:
+        parked = self.parked
+        if parked and parked.span[1] >= start:
+            parked.add(start, end, at)
+        else:
+            parked.append(start, end, at)
+        if len(parked) > 2 * PARKED_RANGES:
+            parked.keep_last(PARKED_RANGES)
 
     def _park(self, gaps: list[Gap], at: float) -> None:
         for gap in gaps:
             self.parked.add(gap.start, gap.end, at)
         self.parked.expire(at - PARK_HORIZON)
-        if len(self.parked) > PARKED_RANGES:
-            self.parked = GapList(sorted(self.parked, key=lambda g: g.revealed_at)[-PARKED_RANGES:])
-            self.parked = GapList(sorted(self.parked, key=lambda g: g.start))
+        if len(self.parked) > 2 * PARKED_RANGES:
+            self.parked.keep_last(PARKED_RANGES)
 
     def next_deadline(self) -> float | None:
         """The earliest moment (epoch seconds) at which :meth:`expire` would settle a gap or
@@ -330,50 +369,100 @@ class ReadPosition:
             return parts
         return [gap for a, b in parts for gap in self.interleave.gap_ids(a, b, at)]
 
+    def reading(self, now: float) -> None:
+        """A read of the table begins at ``now``."""
+        self.read_floor, self._read_at = self._read_at, now
+
     def take(
         self,
         rows: list[Row],
         foreign: list[int],
         settled: tuple[int, int] | None = None,
         now: float | None = None,
+        carried: bool = False,
     ) -> Iterator[tuple[Row, bool | None]]:
         """Take ``rows`` (read or carried, in the order found), yielding each with what it is
         to the position (:data:`NEW`, :data:`LATE` or :data:`SEEN`) once the high-water mark
         and the gaps have moved past it, so that what the caller hands on with it (a cursor)
         is as of that row. ``foreign``: sorted ids inside :meth:`fresh_spans` known to be
         other channels' rows; ``settled``: the hint's settled ids as they were before
-        ``rows`` were read. A row filling a gap found at ``now``, more than a grace after it
-        was created, is deferred instead (:meth:`due_deferred`, :meth:`repair`)."""
+        ``rows`` were read. A row that committed later than the grace (see the module's
+        docstring) is deferred instead, until ``now`` plus a grace at most (:meth:`repair`,
+        :meth:`due_deferred`): one read that was not there when the previous read began, or
+        one ``carried`` (notified at its commit, just now), created more than a grace
+        before."""
+        late_after = None
+        if self.late_commits and now:
+            late_after = (now if carried else self.read_floor) - self.grace
         if self._retro:
             retro, self._retro = self._retro, []
             hw = self.high_water
             assert hw is not None
+            taken = {i for i, _ in self.recent}
             for i, at in retro:
-                if i <= hw:
-                    self.gaps.add(i, i, at)
+                if i <= hw and i not in taken:
+                    self.gaps.add(i, i, max(at, now or at))
         for row in rows:
             hw = self.high_water
             assert hw is not None
             if row.id > hw:
                 if row.id > hw + 1:
                     at = epoch(row.created_at)
+                    # One writer hands its ids out in order: every id below this row was
+                    # taken before it was inserted. Where writers interleave, another may
+                    # take a lower id until it has this row, which it has once it is
+                    # committed: the gap counts from now.
+                    revealed = at if self.interleave.step == 1 or not now else max(at, now)
                     for start, end in self._new_gaps(hw + 1, row.id - 1, at, settled):
-                        self.gaps.open(start, end, at)
+                        self.gaps.open(start, end, revealed)
+                    if self.interleave.step > 1:
+                        # Ids of idle writers are passed without a gap: parked, in case one
+                        # was committing after all (its writer repairs it, see repair.py).
+                        self._park_passed(hw + 1, row.id - 1, at)
                     others = foreign[
                         bisect.bisect_right(foreign, hw) : bisect.bisect_left(foreign, row.id)
                     ]
                     if others:
                         self.gaps.remove(others)
                 self.high_water = row.id
-                yield row, NEW
-            elif self.gaps.inside([row.id]):
-                self.gaps.remove([row.id])
-                if now is not None and epoch(row.created_at) + self.grace < now:
-                    self.deferred[row.id] = (row, now + self.grace)
+                if late_after is not None and self._missed(row, late_after):
+                    self.deferred[row.id] = (row, now + self.grace)  # type: ignore[operator]
+                else:
+                    yield row, NEW
+            elif self.fill(row.id):
+                if late_after is not None and self._missed(row, late_after):
+                    self.deferred[row.id] = (row, now + self.grace)  # type: ignore[operator]
                 else:
                     yield row, LATE
             else:
                 yield row, SEEN
+
+    def fill(self, msg_id: int) -> bool:
+        """``msg_id`` turned up in a gap: True, and it is no longer awaited (nor parked)."""
+        if not self.gaps.inside([msg_id]):
+            return False
+        self.gaps.remove([msg_id])
+        if self.parked:
+            self.parked.remove([msg_id])
+        return True
+
+    def claim_passed(self, msg_id: int) -> bool:
+        """A row read again (catching a subscriber up) that the position passed without
+        delivering it (parked or deferred): True, and it is no longer either."""
+        if self.deferred.pop(msg_id, None) is not None:
+            return True
+        if self.parked and self.parked.inside([msg_id]):
+            self.parked.remove([msg_id])
+            return True
+        return False
+
+    def _missed(self, row: Row, late_after: float) -> bool:
+        """``row``, created before ``late_after``, was asked for by the previous read (its
+        channel followed then) and not there: it committed later than the grace."""
+        if epoch(row.created_at) >= late_after:
+            return False
+        followed_at = self._followed_at.get(channel_hash(row.channel))
+        return followed_at is not None and followed_at <= self.read_floor
 
     def due_deferred(self, now: float) -> list[Row]:
         """The deferred rows no repair named within a grace: delivered now, as late rows."""
@@ -389,7 +478,15 @@ class ReadPosition:
         are forgotten here. Any other id was delivered already, or is still awaited in a gap
         (read as usual), or concerns no subscriber of this process."""
         rows = [self.deferred.pop(i)[0] for i, _ in late if i in self.deferred]
-        parked = [(i, h) for i, h in late if h in self.followed and self.parked.inside([i])]
+        parked = [
+            (i, h)
+            for i, h in late
+            if h in self.followed
+            and (
+                self.parked.inside([i])
+                or any(gaps.inside([i]) for _, gaps, _ in self.pending_parked.values())
+            )
+        ]
         if parked:
             self.parked.remove(i for i, _ in parked)
         return sorted(rows), parked
@@ -434,7 +531,11 @@ class ReadPosition:
             return True
         awaited = self.pending.get(id(sub))
         if awaited is None or not awaited[1].gaps.inside([row.id]):
-            return False
+            given_up = self.pending_parked.get(id(sub)) if late else None
+            if given_up is None or not given_up[1].inside([row.id]):
+                return False
+            given_up[1].remove([row.id])  # (named by a repair: its last chance)
+            return True
         awaited[1].gaps.remove([row.id])
         return True
 
@@ -507,6 +608,7 @@ class ReadPosition:
         self.pending.clear()
         self.parked.clear()
         self.deferred.clear()
+        self.pending_parked.clear()
         self.followed, self._followed_key = frozenset(), None
         self.not_before = self.newest_seen
         for sub in subs:
@@ -531,6 +633,7 @@ class ReadPosition:
         self.replayed_until = max(high_water, max(kept, default=0))
         self.parked.clear()
         self.deferred.clear()
+        self.pending_parked.clear()
         self.recent = deque(
             ((i, c) for i, c in self.recent if i <= parting or kept.get(i) == c), maxlen=RECENT
         )
@@ -549,7 +652,11 @@ class ReadPosition:
 
     def copy(self) -> ReadPosition:
         """The same position, for a forked child that goes on from its parent's."""
-        other = ReadPosition(self.grace, self.also)
+        other = ReadPosition(
+            self.grace, self.also, late_commits=self.late_commits, now=self.read_floor
+        )
+        other._read_at = self._read_at
+        other._followed_at = dict(self._followed_at)
         other.high_water = self.high_water
         other.gaps = self.gaps.copy()
         other.floors = dict(self.floors)
@@ -561,5 +668,6 @@ class ReadPosition:
         other.recent = deque(self.recent, maxlen=RECENT)
         other.parked = self.parked.copy()
         other.deferred = dict(self.deferred)
+        other.pending_parked = dict(self.pending_parked)
         other.replayed, other.replayed_until = dict(self.replayed), self.replayed_until
         return other

@@ -24,6 +24,7 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
+    text,
     union_all,
 )
 from sqlalchemy.sql import Select
@@ -100,6 +101,7 @@ class Reads:
         self._shapes: OrderedDict[tuple[Any, ...], Compiled] = OrderedDict()
         #: Connections made so far: a new one may be to another server (a failover).
         self.connects = 0
+        self._id_step: Compiled | None = None
         t = table
         self._row = row_maker(engine, table)
         (self._created_of,) = result_processors(engine, [table.c.created_at.type])
@@ -190,10 +192,12 @@ class Reads:
     def id_step(self) -> int:
         """The distance between two ids one writer hands out (``Dialect.id_step``): 1 but on
         MariaDB Galera."""
-        compiled = self._dialect.id_step(self._engine)
-        if compiled is None:
-            return 1
-        return int(self._run(compiled, {})[0][0] or 1)
+        if self._id_step is None:
+            sql = self._dialect.id_step_sql()
+            if sql is None:
+                return 1
+            self._id_step = Compiled(text(sql), self._engine)
+        return int(self._run(self._id_step, {})[0][0] or 1)
 
     def created_at_of(self, ids: Sequence[int]) -> dict[int, datetime]:
         """``created_at`` of each of ``ids`` the table holds, by id."""

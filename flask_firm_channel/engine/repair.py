@@ -29,15 +29,25 @@ REPAIR_CHANNEL = INTERNAL_PREFIX + b"repair"
 REPAIR_HASH = channel_hash(REPAIR_CHANNEL)
 
 
-def repair_record(late: Iterable[tuple[int, bytes]]) -> bytes:
-    """The payload of a repair record for ``late`` ``(id, channel)``."""
-    return json.dumps({"late": [[i, channel_hash(ch)] for i, ch in late]}).encode()
+def repair_record(
+    late: Iterable[tuple[int, bytes]] = (), passed: Iterable[tuple[int, bytes]] = ()
+) -> bytes:
+    """The payload of a repair record for ``(id, channel)``: ``late`` commits (past the
+    grace), and ids that may have been ``passed`` without a gap (their writer was idle where
+    writers interleave, see ``interleave.py``)."""
+    record = {
+        "late": [[i, channel_hash(ch)] for i, ch in late],
+        "passed": [[i, channel_hash(ch)] for i, ch in passed],
+    }
+    return json.dumps(record).encode()
 
 
-def parse_repair(payload: bytes) -> list[tuple[int, int]]:
-    """The ``(id, channel_hash)`` a repair record names (none if it is not one)."""
+def parse_repair(payload: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The ``(id, channel_hash)`` a repair record names as ``(late, passed)``."""
     try:
-        late = json.loads(payload)["late"]
-        return [(int(i), int(h)) for i, h in late]
-    except (ValueError, KeyError, TypeError):
-        return []
+        record = json.loads(payload)
+        late = [(int(i), int(h)) for i, h in record.get("late", [])]
+        passed = [(int(i), int(h)) for i, h in record.get("passed", [])]
+        return late, passed
+    except (ValueError, AttributeError, TypeError):
+        return [], []

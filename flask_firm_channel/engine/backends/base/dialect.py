@@ -228,7 +228,7 @@ class Dialect:
         timeline); None where the backend has nothing of the kind."""
         return None
 
-    def id_step(self, engine: Engine) -> Compiled | None:
+    def id_step_sql(self) -> str | None:
         """A statement whose one value is the distance between two ids one writer hands out
         (MariaDB Galera's ``auto_increment_increment``, the cluster's size); None where ids
         come from one sequence."""

@@ -13,13 +13,11 @@ from sqlalchemy import (
     Select,
     Table,
     func,
-    literal_column,
     select,
     text,
 )
 from sqlalchemy.exc import DBAPIError
 
-from ...compiled import Compiled
 from ..base.dialect import INSERT_PARAMS, Dialect, _chunks, _lock_key
 from ..base.runner import CursorRunner, Runner
 from .runner import PyMySQLRunner, ServerWait
@@ -318,9 +316,9 @@ def _host_reads(name: str, baseline: int, newest: str, holes: tuple[int, ...]) -
     )
     return first + ";" + (" " + _hole_ids(name, holes) + ";" if holes else "")
 
-    def id_step(self, engine: Engine) -> Compiled | None:
+    def id_step_sql(self) -> str | None:
         # Galera changes it (and each node's offset) as nodes join and leave.
-        return Compiled(select(literal_column("@@global.auto_increment_increment")), engine)
+        return "SELECT @@global.auto_increment_increment"
 
     def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
         # InnoDB keeps the counter at least one past the largest id in the table, whatever
