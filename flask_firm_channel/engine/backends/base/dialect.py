@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import select as _select
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -27,6 +26,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from .runner import CursorRunner, Runner
+from .sockets import wait_ready
 
 if TYPE_CHECKING:
     from ..mysql.runner import ServerWait
@@ -188,15 +188,14 @@ class Dialect:
     def server_spoke(self, conn: Any) -> bool:
         """Whether the server sent something on this idle connection unasked: nearly always
         that it is closing it (a restart, ``pg_terminate_backend``, ``KILL``, an idle
-        timeout). One ``select`` with no wait, no round trip."""
+        timeout). One ``poll`` with no wait, no round trip."""
         try:
             fd = self._socket_of(conn)
             if fd is None:
                 return False
-            readable, _, _ = _select.select([fd], [], [], 0)
+            return bool(wait_ready([fd], 0.0))
         except Exception:  # noqa: BLE001 - a closed socket or connection: ping, and replace
             return True
-        return bool(readable)
 
     def _socket_of(self, conn: Any) -> int | None:
         return None

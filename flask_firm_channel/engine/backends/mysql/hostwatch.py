@@ -31,7 +31,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import select
 import stat
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from sqlalchemy import Engine, Table
 
 from ...connections import close_quietly, dedicated_connection, older_than, pool_recycle
 from ..base.bells import Bells
+from ..base.sockets import wait_ready
 from .dialect import SEEN_IDS, HostRead, MySQLDialect
 from .runner import ServerWait
 from .settled import SettledRecord
@@ -255,9 +255,7 @@ class HostWatcher:
         self, wait: ServerWait, newest: int, holes: tuple[int, ...], step: float
     ) -> HostRead | None:
         wait.send(newest, holes, step)
-        ready, _, _ = select.select(
-            [wait.fileno(), self._wake_r], [], [], self.WAIT_FOR + self.WAIT_GRACE
-        )
+        ready = wait_ready([wait.fileno(), self._wake_r], self.WAIT_FOR + self.WAIT_GRACE)
         if self._stop.is_set():
             return None
         if not ready:

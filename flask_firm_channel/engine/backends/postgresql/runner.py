@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import select
 from collections import OrderedDict
 from typing import Any
 
 from ...compiled import Compiled
 from ..base.runner import _NAMED, PREPARED_LIMIT
+from ..base.sockets import SocketWait
 
 
 class LibpqRunner:
@@ -17,7 +17,7 @@ class LibpqRunner:
         from psycopg.adapt import PyFormat, Transformer
 
         self._pgconn = conn.pgconn
-        self._fd = conn.fileno()
+        self._reply = SocketWait(conn.fileno())
         self._encoding = conn.info.encoding
         self._tx = Transformer(conn)
         self._text = PyFormat.TEXT
@@ -46,11 +46,12 @@ class LibpqRunner:
 
     def _result(self) -> Any:
         """The result of the statement just sent (raised if it failed), once libpq has all of
-        it. The wait is ``select`` on the socket: a green thread's, where gevent patched it."""
+        it. The wait is ``poll`` on the socket (``base/sockets.py``): a green thread's, where
+        gevent patched it."""
         pgconn, first = self._pgconn, None
         while True:
             while pgconn.is_busy():
-                select.select([self._fd], [], [])
+                self._reply.wait()
                 pgconn.consume_input()
             result = pgconn.get_result()
             if result is None:

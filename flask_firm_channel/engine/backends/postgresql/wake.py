@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import select as _select
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -15,6 +14,7 @@ from sqlalchemy import Engine, NullPool, create_engine, func, select
 from ...connections import close_quietly, dedicated_connection, older_than
 from ...reads import Row
 from ..base.connect import Connector
+from ..base.sockets import wait_ready
 from ..base.wake import WakeHint
 from .liveness import PING_PAYLOAD, Liveness
 from .notes import NOTIFY_BUCKETS, notify_bucket, notify_channel_name, parse_note
@@ -459,7 +459,7 @@ class NotifyHint(WakeHint):
             raise TimeoutError(f"the LISTEN connection did not answer in {self.PING_TIMEOUT:g} s")
         fd = self._fd
         assert fd is not None
-        _select.select([] if write else [fd], [fd] if write else [], [], left)
+        wait_ready([fd], left, write=write)
 
     def _open_listen(self) -> Any:
         """A new autocommit connection LISTENing to the table's own channel."""
