@@ -15,7 +15,9 @@ sleep: whatever code it runs, it runs with cold caches. So the path is kept shor
   the CPU. The reply is awaited with ``poll`` on the connection's socket (``sockets.py``),
   never inside libpq, so under gevent (which patches ``select.poll``) a poll yields to other
   greenlets as psycopg's own cursor does. A connection made with ``prepare_threshold=None``
-  (PgBouncer in transaction mode) prepares nothing: each statement is sent whole.
+  (psycopg's advice for a transaction-mode pooler) prepares nothing: each statement is sent
+  whole; so does every connection of an engine found to go through such a pooler
+  (``postgresql/pooler.py``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from sqlalchemy.sql.dml import Insert
 from ..base.dialect import Dialect, _lock_key
 from ..base.runner import CursorRunner, Runner
 from .notes import _bucket_channel, notify_note
+from .pooler import PreparedStatements
 from .runner import LibpqRunner
 
 log = logging.getLogger("flask_firm_channel")
@@ -41,6 +42,8 @@ class PostgreSQLDialect(Dialect):
         # LISTEN needs a driver that can wait for notifications: psycopg 3.
         self.wake_kind = "notify" if engine.dialect.driver == "psycopg" else "poll"
         self.publish_autocommit = engine.dialect.driver == "psycopg"
+        #: Whether the listener's reads prepare their statements (off behind a pooler).
+        self.prepared = PreparedStatements(repr(engine.url))
 
     def _socket_of(self, conn: Any) -> int | None:
         fileno = getattr(conn, "fileno", None)
@@ -134,4 +137,4 @@ class PostgreSQLDialect(Dialect):
 
     def reader(self, conn: Any) -> Runner:
         # psycopg 3 gives libpq's own calls; any other driver goes through its cursor.
-        return LibpqRunner(conn) if hasattr(conn, "pgconn") else CursorRunner(conn)
+        return LibpqRunner(conn, self.prepared) if hasattr(conn, "pgconn") else CursorRunner(conn)
