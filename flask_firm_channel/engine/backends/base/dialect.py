@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
+from ...connections import accept_defaults
 from .runner import CursorRunner, Runner
 from .sockets import wait_ready
 
@@ -61,6 +62,7 @@ class Dialect:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        accept_defaults(engine)  # (see connect_timeout_args)
 
     def configure_engine(self, *, sqlite_wal: bool) -> None:
         """Adjust the engine once, before first use (SQLite pragmas)."""
@@ -167,6 +169,14 @@ class Dialect:
         """What runs the listener's statements on ``conn`` (see ``base/runner.py`` and each
         backend's ``runner.py``)."""
         return CursorRunner(conn)
+
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        """Driver arguments that make a connect (and what the driver sends and awaits while
+        it connects) give up after about ``seconds``, for a connection made off the listener
+        thread (``connect.py``): its thread then ends instead of waiting on a server that
+        never answers. Passed with ``connections.dedicated_connection``, so the user's own
+        settings win. None known for this driver: ``{}``."""
+        return {}
 
     def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
         """A statement on ``conn`` that waits in the server, checking every ``step`` seconds

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -44,6 +46,13 @@ class PostgreSQLDialect(Dialect):
         self.publish_autocommit = engine.dialect.driver == "psycopg"
         #: Whether the listener's reads prepare their statements (off behind a pooler).
         self.prepared = PreparedStatements(repr(engine.url))
+
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        if self.engine.dialect.driver != "psycopg" or "PGCONNECT_TIMEOUT" in os.environ:
+            return {}
+        # libpq's connect_timeout: whole seconds, 2 at least; it bounds the connect and the
+        # authentication exchange alike.
+        return {"connect_timeout": max(2, math.ceil(seconds))}
 
     def _socket_of(self, conn: Any) -> int | None:
         fileno = getattr(conn, "fileno", None)
