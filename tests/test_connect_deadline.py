@@ -131,6 +131,7 @@ def run_mariadb(
         back = time.monotonic()
         publisher.broadcast("bound", "while down")
         wait_for(lambda: b"while down" in received, timeout=5)  # the timer's polls
+        wait_for(lambda: "waiting in the server" in listening.health().wake_detail, timeout=30)
         again = idle_and_waiting(listening, engine, table)
         assert again != victim
         took = time.monotonic() - back
