@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -474,6 +475,7 @@ class Listening(Iterator[Message]):
         self._after = after
         self._last_cursor: str | None = None
         self._consumer: Consumer | None = None
+        _close_abandoned()
         self._consumer = self._open(after)
 
     def _open(self, after: int | str | None) -> Consumer:
@@ -539,6 +541,7 @@ class Listening(Iterator[Message]):
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             consumer.close()
+        _close_abandoned()
 
     def __enter__(self) -> Listening:
         return self
@@ -547,10 +550,28 @@ class Listening(Iterator[Message]):
         self.close()
 
     def __del__(self) -> None:
+        # The garbage collector runs this on whichever thread allocated, holding whatever
+        # that thread holds, the locks a subscription or a stream takes included: closing
+        # here could wait for a lock its own thread holds, for good. So the subscription is
+        # only handed over (a deque's append takes no lock) and closed by the next
+        # ``listen()`` or ``close()``; meanwhile its queue fills to its bound, no further.
+        consumer = self._consumer
+        if consumer is not None:
+            _abandoned.append(consumer)
+
+
+#: Consumers of :class:`Listening` iterators freed without :meth:`Listening.close`, waiting
+#: to be closed by a thread that holds nothing (see ``Listening.__del__``).
+_abandoned: deque[Consumer] = deque()
+
+
+def _close_abandoned() -> None:
+    while _abandoned:
         try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the engine may be gone
-            pass
+            consumer = _abandoned.popleft()
+        except IndexError:
+            return  # taken by another thread meanwhile
+        consumer.close()
 
 
 def _check_database(app: Flask, db: SQLAlchemy, bind_key: str | None) -> None:
@@ -603,10 +624,23 @@ def _wake_after_commit(
 
 
 def _after_commit(session: Session) -> None:
+    """Tell each engine its broadcasts committed. The commit has happened: an engine that
+    fails to take the news is logged and skips no other, and nothing is raised into the
+    caller (its own listener still finds the messages at its next poll)."""
     pending = session.info.get(_PENDING) or {}
-    for pubsub, broadcasts in list(pending.items()):
-        pubsub.committed(broadcasts)
+    items = list(pending.items())
     pending.clear()
+    for pubsub, broadcasts in items:
+        try:
+            pubsub.committed(broadcasts)
+        except Exception:
+            log.exception(
+                "firm-channel: after the commit of %d broadcast(s) to table %s, telling this "
+                "process's listener failed; the messages are committed and are delivered at "
+                "its next poll",
+                len(broadcasts),
+                pubsub.table.name,
+            )
 
 
 def _after_rollback(session: Session) -> None:

@@ -263,8 +263,10 @@ def test_close_waits_for_a_wait_connect_in_flight_and_leaves_no_thread(
         assert not outlived, "the connect thread outlived close()"
         assert took < 1.0, f"close() took {took:.3f}s"
         # The connection the thread made after close() was closed by it: nothing of the
-        # listener is left on the server (the proxy's connections were the listener's only).
+        # listener is left on the server (the proxy's connections were the listener's, and
+        # the one the subscription's anchor read left idle in the app's pool).
         wait_for(lambda: not waiting_statements(engine, table))
+        proxied.dispose()
         wait_for(lambda: proxy.open_connections() == 0)
     finally:
         pubsub.close()

@@ -44,7 +44,8 @@ def listener_connections(pubsub: PubSub, engine: sa.Engine, backend: str) -> set
             own = set()
             listener = pubsub._listener
             assert listener is not None
-            for driver_conn in (listener._reads._conn, getattr(listener._hint, "_conn", None)):
+            listen = getattr(listener._hint, "_conn", None)  # (a ListenConnection)
+            for driver_conn in (listener._reads._conn, getattr(listen, "conn", None)):
                 if driver_conn is not None:
                     own.add(int(driver_conn.info.backend_pid))
             live = {int(pid) for (pid,) in rows}

@@ -1,5 +1,11 @@
 """Driver connections of the engine's own configuration, kept outside its pool.
 
+Every connection the engine makes for itself (the listener's reads, its wake hint's, the
+LISTEN probe's, the publish stack's below) is made the way the app's engine makes one (its
+URL, connect arguments and events) but never by the app's pool: it neither waits for a slot
+nor takes one, so an app whose pool is exhausted still listens and broadcasts
+(:func:`dedicated_connection`).
+
 The listener's reads and its wake hint hold one each, replaced once older than
 ``pool_recycle`` at their next use (or quiet moment); with ``pool_pre_ping``, a read that
 finds its connection dead is run again at once on a new one instead of failing the poll.
@@ -17,10 +23,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
+from sqlalchemy.pool import NullPool
 
 #: Objects inherited through ``fork`` that hold the parent's connections. A child must neither
 #: use nor close them (closing a SQLite connection, or letting the garbage collector do it,
@@ -63,13 +70,69 @@ def keep_inherited(*objects: Any) -> None:
     _inherited.extend(o for o in objects if o is not None)
 
 
-def dedicated_connection(engine: Engine) -> Any:
-    """A new driver connection made by ``engine`` (its connect arguments and ``connect``
-    events apply), detached from the engine's pool so it takes no pool slot."""
-    raw = engine.raw_connection()
-    conn = raw.driver_connection
-    raw.detach()
+def dedicated_connection(engine: Engine, defaults: Mapping[str, Any] | None = None) -> Any:
+    """A new driver connection made as ``engine`` makes one, but not by its pool.
+
+    The engine's own connect function, ``connect`` events and dialect set-up run on it (a
+    pool of its own is made for the one connect, sharing the engine's creator and events,
+    as ``Pool.recreate()`` does); the app's pool is never asked for a slot, so this never
+    waits behind a request that holds every pooled connection.
+
+    ``defaults`` are driver arguments for this connection alone, used where the engine's
+    own arguments leave them out (a connect timeout: the user's own always wins); they reach
+    the driver through the listener :func:`accept_defaults` put on the engine."""
+    pool = engine.pool
+    own = NullPool(
+        pool._creator,
+        echo=pool.echo,
+        logging_name=pool._orig_logging_name,
+        reset_on_return=None,
+        dialect=pool._dialect,
+        _dispatch=pool.dispatch,
+    )
+    _connecting.defaults = defaults or None
+    try:
+        fairy = own.connect()
+    finally:
+        _connecting.defaults = None
+    conn = fairy.driver_connection
+    fairy.detach()
     return conn
+
+
+#: What :func:`dedicated_connection` asks of the connect running on this thread now.
+_connecting = threading.local()
+_accepting = threading.Lock()
+
+
+def accept_defaults(engine: Engine) -> None:
+    """Let :func:`dedicated_connection` add driver arguments to its own connects on
+    ``engine`` (idempotent). Called once per engine, when the engine layer first meets it:
+    adding an event listener to an engine is best done before it serves."""
+    with _accepting:
+        if not event.contains(engine, "do_connect", _with_defaults):
+            event.listen(engine, "do_connect", _with_defaults, insert=True)
+
+
+def _with_defaults(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+    """The engine's ``do_connect``: nothing for any connect but :func:`dedicated_connection`'s
+    with ``defaults``; for those, the connect itself, made with the defaults the engine's
+    arguments leave out (on a copy: the engine's arguments stay as they were), after the
+    engine's other ``do_connect`` listeners, which run on that copy as they would have."""
+    defaults = getattr(_connecting, "defaults", None)
+    if not defaults:
+        return None
+    params = {**defaults, **cparams}
+    args = list(cargs)
+    after = False
+    for listener in dialect.dispatch.do_connect:
+        if after:
+            conn = listener(dialect, record, args, params)
+            if conn is not None:
+                return conn
+        elif listener is _with_defaults:
+            after = True
+    return dialect.connect(*args, **params)
 
 
 def close_quietly(conn: Any) -> None:

@@ -1,4 +1,4 @@
-"""``Doorbell``: how the listener thread sleeps. It waits on one ``select`` for whichever comes
+"""``Doorbell``: how the listener thread sleeps. It waits on one ``poll`` for whichever comes
 first: a ring from another thread (a broadcast in this process, a new subscription, close), the
 wake hint's descriptor becoming readable (PostgreSQL's LISTEN socket, SQLite's inotify), or a
 timeout.
@@ -11,9 +11,12 @@ The bell is a non-blocking socket pair (``select`` accepts sockets on every plat
 writes a byte unless the socket is full, in which case a ring is pending anyway; a wait drains
 whatever rang.
 
-Where the platform has ``poll`` (everywhere but Windows) the wait uses it: the descriptors are
+Where the platform has ``poll`` (everywhere but Windows) the wait uses it: it takes descriptors
+of any number, where ``select`` stops at 1,024 (see ``backends/base/sockets.py``), and they are
 registered once, not handed over as lists on every wait as ``select`` needs them, which costs
-about half as many instructions per wake-up (a wake-up per message on a busy channel).
+about half as many instructions per wake-up (a wake-up per message on a busy channel). Windows
+keeps ``select``, whose limit there is on how many sockets one wait watches, not on their
+numbers.
 """
 
 from __future__ import annotations

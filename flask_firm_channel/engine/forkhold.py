@@ -1,10 +1,11 @@
 """``DriverHold``: held by an engine thread while it is inside the database driver, so that
 ``fork`` can wait until no thread is mid-call (a child must not inherit SQLite's mutexes or a
-half-read socket). It is never held across subscriber callbacks (they run on their own
-threads, see ``callbacks.py``), so a stuck callback cannot hold a fork back; a driver call that
-hangs (a table locked by another session, a server gone silent) holds it back for at most
-``FORK_WAIT`` seconds, after which the fork goes ahead with a warning: a gunicorn master must
-always be able to fork replacement workers, and the child never uses the parent's connections.
+half-read socket). It is never held while subscriber callbacks run (on their lanes' threads,
+or on the listener thread between two of its driver calls, see ``callbacks.py``), so a stuck
+callback cannot hold a fork back; a driver call that hangs (a table locked by another session,
+a server gone silent) holds it back for at most ``FORK_WAIT`` seconds, after which the fork
+goes ahead with a warning: a gunicorn master must always be able to fork replacement workers,
+and the child never uses the parent's connections.
 """
 
 from __future__ import annotations

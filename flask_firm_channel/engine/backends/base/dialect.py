@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import select as _select
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -27,7 +26,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.dml import Insert
 
 from ...compiled import Compiled
+from ...connections import accept_defaults
 from .runner import CursorRunner, Runner
+from .sockets import wait_ready
 
 if TYPE_CHECKING:
     from ..mysql.runner import ServerWait
@@ -62,6 +63,7 @@ class Dialect:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        accept_defaults(engine)  # (see connect_timeout_args)
 
     def configure_engine(self, *, sqlite_wal: bool) -> None:
         """Adjust the engine once, before first use (SQLite pragmas)."""
@@ -169,6 +171,14 @@ class Dialect:
         backend's ``runner.py``)."""
         return CursorRunner(conn)
 
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        """Driver arguments that make a connect (and what the driver sends and awaits while
+        it connects) give up after about ``seconds``, for a connection made off the listener
+        thread (``connect.py``): its thread then ends instead of waiting on a server that
+        never answers. Passed with ``connections.dedicated_connection``, so the user's own
+        settings win. None known for this driver: ``{}``."""
+        return {}
+
     def server_wait(self, conn: Any, table: Table, seconds: float) -> ServerWait | None:
         """A statement on ``conn`` that waits in the server, checking every ``step`` seconds
         for up to ``seconds``, until the newest id of the given channel hashes passes a
@@ -189,15 +199,14 @@ class Dialect:
     def server_spoke(self, conn: Any) -> bool:
         """Whether the server sent something on this idle connection unasked: nearly always
         that it is closing it (a restart, ``pg_terminate_backend``, ``KILL``, an idle
-        timeout). One ``select`` with no wait, no round trip."""
+        timeout). One ``poll`` with no wait, no round trip."""
         try:
             fd = self._socket_of(conn)
             if fd is None:
                 return False
-            readable, _, _ = _select.select([fd], [], [], 0)
+            return bool(wait_ready([fd], 0.0))
         except Exception:  # noqa: BLE001 - a closed socket or connection: ping, and replace
             return True
-        return bool(readable)
 
     def _socket_of(self, conn: Any) -> int | None:
         return None

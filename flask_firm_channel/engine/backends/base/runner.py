@@ -12,10 +12,12 @@ sleep: whatever code it runs, it runs with cold caches. So the path is kept shor
   connection and run with libpq's own calls, its rows loaded in binary by psycopg's own
   loaders. psycopg's cursor does the same work through several layers of Python per
   execution; measured on a listener's single-row poll after a 2 ms sleep, it cost about twice
-  the CPU. The reply is awaited with ``select`` on the connection's socket, never inside
-  libpq, so under gevent or eventlet (which patch ``select``) a poll yields to other
+  the CPU. The reply is awaited with ``poll`` on the connection's socket (``sockets.py``),
+  never inside libpq, so under gevent (which patches ``select.poll``) a poll yields to other
   greenlets as psycopg's own cursor does. A connection made with ``prepare_threshold=None``
-  (PgBouncer in transaction mode) prepares nothing: each statement is sent whole.
+  (psycopg's advice for a transaction-mode pooler) prepares nothing: each statement is sent
+  whole; so does every connection of an engine found to go through such a pooler
+  (``postgresql/pooler.py``).
 """
 
 from __future__ import annotations

@@ -54,6 +54,14 @@ class MySQLDialect(Dialect):
         # PyMySQL's socket is what server_spoke watches; other drivers keep INSERT + COMMIT.
         self.publish_autocommit = engine.dialect.driver == "pymysql"
 
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        if self.engine.dialect.driver != "pymysql":
+            return {}
+        # PyMySQL's connect_timeout bounds the TCP connect only; the greeting and the
+        # authentication are read with read_timeout, which stays on the connection (its
+        # waits are answered well within it: WAIT_FOR, plus what the server takes).
+        return {"connect_timeout": seconds, "read_timeout": seconds, "write_timeout": seconds}
+
     def _socket_of(self, conn: Any) -> int | None:
         sock = getattr(conn, "_sock", None)
         return None if sock is None else int(sock.fileno())

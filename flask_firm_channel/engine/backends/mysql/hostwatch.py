@@ -31,7 +31,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import select
 import stat
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from sqlalchemy import Engine, Table
 
 from ...connections import close_quietly, dedicated_connection, older_than, pool_recycle
 from ..base.bells import Bells
+from ..base.sockets import wait_ready
 from .dialect import SEEN_IDS, HostRead, MySQLDialect
 from .runner import ServerWait
 from .settled import SettledRecord
@@ -83,6 +83,8 @@ class HostWatcher:
     #: How often a process that is not the watcher tries to become it.
     ELECT_EVERY = 1.0
     RETRY_MAX = 30.0
+    #: What the driver is given to give up a connect (and what it reads on the connection).
+    CONNECT_TIMEOUT = 10.0
 
     def __init__(
         self,
@@ -219,7 +221,11 @@ class HostWatcher:
 
     def _watch(self) -> None:
         """Watch on one connection until it is to be replaced (``pool_recycle``)."""
-        conn = dedicated_connection(self.engine)
+        # Bounded: a server that never answers the connect fails it, and the thread tries
+        # again after its back-off, instead of waiting there for good.
+        conn = dedicated_connection(
+            self.engine, self.dialect.connect_timeout_args(self.CONNECT_TIMEOUT)
+        )
         made_at = time.monotonic()
         recycle = pool_recycle(self.engine)
         try:
@@ -255,9 +261,7 @@ class HostWatcher:
         self, wait: ServerWait, newest: int, holes: tuple[int, ...], step: float
     ) -> HostRead | None:
         wait.send(newest, holes, step)
-        ready, _, _ = select.select(
-            [wait.fileno(), self._wake_r], [], [], self.WAIT_FOR + self.WAIT_GRACE
-        )
+        ready = wait_ready([wait.fileno(), self._wake_r], self.WAIT_FOR + self.WAIT_GRACE)
         if self._stop.is_set():
             return None
         if not ready:

@@ -67,9 +67,14 @@ class AdaptivePollHint(WakeHint):
     WAIT_FOR = 1.0
     #: A waiting statement not answered this long after it should have been is given up.
     WAIT_GRACE = 5.0
-    #: Delays before trying the server wait again after it failed: first, doubling up to last.
+    #: Delays before trying the server wait again after it failed: first, doubling up to
+    #: last. With CONNECT_TIMEOUT, this bounds how long the wait stays away after the server
+    #: is back: 10 + 10 s.
     RETRY_FIRST = 1.0
-    RETRY_MAX = 60.0
+    RETRY_MAX = 10.0
+    #: A connect of the wait's connection not done within this many seconds is given up
+    #: and tried again (``base/connect.py``).
+    CONNECT_TIMEOUT = 10.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,7 +108,9 @@ class AdaptivePollHint(WakeHint):
         self._stale = False
         #: Connects the wait's connection off the listener thread, which polls on the timer
         #: meanwhile: a server that does not answer a connect never holds the listener.
-        self._connector = Connector(self._open_wait, "firm-channel-wait-connect")
+        self._connector = Connector(
+            self._open_wait, "firm-channel-wait-connect", self.CONNECT_TIMEOUT
+        )
         #: What the last answered wait read of the followed channels (:meth:`take_carried`),
         #: and whether an answer came without them (then only the listener's read delivers).
         self._carried: list[Row] = []
@@ -277,11 +284,13 @@ class AdaptivePollHint(WakeHint):
         self._wait, self._wait_made_at = wait, time.monotonic()
         return True
 
-    def _open_wait(self) -> ServerWait | None:
-        """On the connect thread: a new connection, ready to send server waits on."""
+    def _open_wait(self, deadline: float) -> ServerWait | None:
+        """On the connect thread: a new connection, ready to send server waits on, which
+        the driver gives up making once ``deadline`` (monotonic) has passed."""
         if self.dialect is None:
             return None
-        conn = dedicated_connection(self.engine)
+        bound = self.dialect.connect_timeout_args(max(1.0, deadline - time.monotonic()))
+        conn = dedicated_connection(self.engine, bound)
         try:
             self.dialect.prepare_reader(conn)
             wait = self.dialect.server_wait(conn, self.table, self.WAIT_FOR)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -29,6 +31,7 @@ from ...compiled import Compiled
 from ..base.dialect import Dialect, _lock_key
 from ..base.runner import CursorRunner, Runner
 from .notes import _bucket_channel, notify_note
+from .pooler import PreparedStatements
 from .runner import LibpqRunner
 
 log = logging.getLogger("flask_firm_channel")
@@ -45,6 +48,15 @@ class PostgreSQLDialect(Dialect):
         # LISTEN needs a driver that can wait for notifications: psycopg 3.
         self.wake_kind = "notify" if engine.dialect.driver == "psycopg" else "poll"
         self.publish_autocommit = engine.dialect.driver == "psycopg"
+        #: Whether the listener's reads prepare their statements (off behind a pooler).
+        self.prepared = PreparedStatements(repr(engine.url))
+
+    def connect_timeout_args(self, seconds: float) -> dict[str, Any]:
+        if self.engine.dialect.driver != "psycopg" or "PGCONNECT_TIMEOUT" in os.environ:
+            return {}
+        # libpq's connect_timeout: whole seconds, 2 at least; it bounds the connect and the
+        # authentication exchange alike.
+        return {"connect_timeout": max(2, math.ceil(seconds))}
 
     def _socket_of(self, conn: Any) -> int | None:
         fileno = getattr(conn, "fileno", None)
@@ -138,7 +150,7 @@ class PostgreSQLDialect(Dialect):
 
     def reader(self, conn: Any) -> Runner:
         # psycopg 3 gives libpq's own calls; any other driver goes through its cursor.
-        return LibpqRunner(conn) if hasattr(conn, "pgconn") else CursorRunner(conn)
+        return LibpqRunner(conn, self.prepared) if hasattr(conn, "pgconn") else CursorRunner(conn)
 
     def history_marker(self, engine: Engine) -> Compiled | None:
         # The timeline of the WAL being written: a promotion starts a new one. (On a standby,
