@@ -27,7 +27,6 @@ import sqlalchemy as sa
 from flask_firm_channel import HISTORY_TRIMMED_EVENT, Cursor, PubSub, Settings, message_table
 
 from .conftest import wait_for
-from .sse_parser import normalize_line_breaks
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE: list[bytes] = [
@@ -317,7 +316,9 @@ def test_browser_and_raw_clients_across_three_gthread_workers(server: Any, brows
         missed = [poster.post(f"while you were away {i}")["text"] for i in range(3)]
         for text in missed:
             shown(text, 20)
-        ids = page.eval_on_selector_all("#messages li", "els => els.map(e => e.dataset.id)")
+        ids = page.eval_on_selector_all(
+            "#messages li", "els => els.map(e => e.dataset.eventId)"
+        )
         assert len(ids) == len(set(ids)), "a message was shown twice"
         new_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
         assert new_worker != stream_worker
@@ -347,7 +348,7 @@ def test_gevent_workers_deliver_without_blocking_the_hub(server: Any) -> None:
     assert raw.ready() == 2
     poster = Poster(srv.base)
     texts = [poster.post(f"gevent {i}")["text"] for i in range(10)]
-    ids = [srv.broadcast(json.dumps({"id": -i, "text": f"direct {i}"})) for i in range(10)]
+    ids = [srv.broadcast(f"direct {i}") for i in range(10)]  # (shown as plain text)
     wait_for(lambda: all(len(raw.events(c)) >= 20 for c in range(2)), timeout=30)
     for conn in range(2):
         events = raw.events(conn)
@@ -403,8 +404,9 @@ def test_resume_after_a_killed_client_trim_and_a_late_commit(server: Any, backen
     wait_for(lambda: len(second.events()) >= 20, timeout=30)
     events = second.events()
     assert [Cursor.parse(e["id"]).high for e in events] == missed
-    assert [e["data"] for e in events] == [
-        normalize_line_breaks(p.decode("utf-8", errors="replace")) for p in payloads
+    # (The example shows what is not one of its chat messages as text, in JSON.)
+    assert [json.loads(e["data"])["text"] for e in events] == [
+        p.decode("utf-8", errors="replace") for p in payloads
     ]
     assert {e["type"] for e in events} == {"room:lobby"}
 
@@ -427,9 +429,10 @@ def test_resume_after_a_killed_client_trim_and_a_late_commit(server: Any, backen
         time.sleep(0.3)
         # The late message's cursor: everything up to the newest id, nothing pending.
         assert held < later
-        assert [(e["data"], e["id"]) for e in third.events()] == [
-            ("held", str(later)),
-            ("tail", str(tail)),
+        got = [(json.loads(e["data"])["text"], Cursor.parse(e["id"])) for e in third.events()]
+        assert [(text, c.high, c.gaps) for text, c in got] == [
+            ("held", later, ()),
+            ("tail", tail, ()),
         ]
     else:
         tx.rollback()
@@ -443,7 +446,10 @@ def test_resume_after_a_killed_client_trim_and_a_late_commit(server: Any, backen
     notice, after = fourth.events()[:2]
     assert notice["type"] == HISTORY_TRIMMED_EVENT
     assert json.loads(notice["data"])["after"] == str(before[0])
-    assert (Cursor.parse(after["id"]).high, after["data"]) == (kept, "after the trim")
+    assert (Cursor.parse(after["id"]).high, json.loads(after["data"])["text"]) == (
+        kept,
+        "after the trim",
+    )
 
 
 @pytest.mark.slow
@@ -481,7 +487,8 @@ def test_one_worker_slow_client_200_clients_and_sigterm(server: Any) -> None:
     wait_for(lambda: len(many.events()) >= 200, timeout=60)
     events = many.events()
     assert sorted(e["conn"] for e in events) == list(range(200))
-    assert {(Cursor.parse(e["id"]).high, e["data"]) for e in events} == {(sent, "to all 200")}
+    shown = {(Cursor.parse(e["id"]).high, json.loads(e["data"])["text"]) for e in events}
+    assert shown == {(sent, "to all 200")}
 
     # SIGTERM ends every open stream at once, well within the graceful timeout.
     assert srv.proc is not None
@@ -527,5 +534,6 @@ def test_the_flask_dev_server_streams_too(server: Any) -> None:
     wait(lambda: srv.get_json("/health.json")["streams"] == 2)
     sent = srv.broadcast("to the dev server")
     wait(lambda: len(raw.events()) == 2)
-    assert {(e["id"], e["data"]) for e in raw.events()} == {(str(sent), "to the dev server")}
+    shown = {(Cursor.parse(e["id"]).high, json.loads(e["data"])["text"]) for e in raw.events()}
+    assert shown == {(sent, "to the dev server")}
     assert "one request at a time" not in srv.log_text()
