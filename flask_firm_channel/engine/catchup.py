@@ -86,7 +86,7 @@ class CatchUp:
             return 0
         if sub.resume is not None:
             self._check_resume(sub)
-        pending = position.begin_catch_up(sub, now)
+        pending = position.owed.begin_catch_up(sub, now)
         # A resumed subscriber reads the repair records after its cursor too: a late commit
         # below the cursor that its stream never got is named there (``repair.py``).
         hashes = tuple(sorted(sub.hashes | {REPAIR_HASH} if sub.resume else sub.hashes))
@@ -109,7 +109,7 @@ class CatchUp:
             for row in rows:
                 # A row in a gap, or one the listener passed (parked, deferred), found here:
                 # everyone owed it gets it now.
-                late = position.fill(row.id) or position.claim_passed(row.id)
+                late = position.fill(row.id) or position.passed.claim(row.id)
                 self._dispatch.deliver(row, late, only=sub)
                 if sub.behind:
                     # Its lane is full: the rest waits in the table until the lane drains.
@@ -131,7 +131,7 @@ class CatchUp:
         if newest is not None and sub.anchor > newest:
             # A cursor from before the table went backwards (emptied with ids reset, restored):
             # nothing above it will come for a long time. Start again from what is there.
-            self._position.restart_resume(sub, oldest)
+            self._position.owed.restart_resume(sub, oldest)
         elif oldest is None or oldest <= sub.anchor + 1:
             return
         elif sub.catchups:
@@ -171,7 +171,7 @@ class CatchUp:
         first = self._facts.first_id_since(created + timedelta(microseconds=1))
         parting = resume.high if first is None else min(first - 1, resume.high)
         cursor = Cursor.of(parting, [(a, min(b, parting)) for a, b in resume.gaps if a <= parting])
-        self._position.restart_from(sub, cursor)
+        self._position.owed.restart_from(sub, cursor)
         sub.created_floor = (created, resume.high)
         log.warning(
             "firm-channel: a subscriber on channel %r resumed after %s, a message the database"

@@ -57,6 +57,7 @@ class Dispatcher:
         ``SEEN``), to the subscribers owed it; ``only``: the subscriber being caught up."""
         position = self.position
         wanted = position.live(row, late)
+        owed = position.owed
         if wanted is None:
             return
         subs = self._registry.snapshot.by_channel.get(row.channel)
@@ -69,12 +70,12 @@ class Dispatcher:
         #: gap, nothing pending): a thousand streams on a channel share it.
         shared: Message | None = None
         for sub in subs:
-            if not position.admits(sub, row, late, only, wanted):
+            if not owed.admits(sub, row, late, only, wanted):
                 continue
             value: Any
             if not sub.wants_messages:
                 value, msg_id = row.payload, row.id
-            elif sub is not only and not position.owed_below(sub):
+            elif sub is not only and not owed.owed_below(sub):
                 if shared is None:
                     shared = self._message(row, sub, caught_up=True)
                 value, msg_id = shared, None
@@ -93,7 +94,7 @@ class Dispatcher:
 
     def _message(self, row: Row, sub: Subscriber, *, caught_up: bool) -> Message:
         """``row`` with the cursor ``sub`` resumes from after it."""
-        high, gaps = self.position.delivered(row, sub, caught_up=caught_up)
+        high, gaps = self.position.owed.delivered(row, sub, caught_up=caught_up)
         if not gaps and high == row.id:
             cursor = stamped(high, row.created_at)  # (the common case, cheaply)
         else:
@@ -103,7 +104,7 @@ class Dispatcher:
     def _fall_behind(self, sub: Subscriber, row: Row, *, caught_up: bool) -> None:
         """``sub``'s lane refused ``row``: it takes nothing more until the lane has drained,
         then catches up from the table after what it has had (``callbacks/``)."""
-        resume = self.position.fell_behind(sub, row, caught_up=caught_up)
+        resume = self.position.owed.fell_behind(sub, row, caught_up=caught_up)
         log.warning(
             "firm-channel subscriber %r on channel %r is %d messages behind; it catches up"
             " from the table after %s once they are done",

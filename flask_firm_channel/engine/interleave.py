@@ -60,6 +60,12 @@ class Interleave:
         low = before[0] if before is not None else 0
         return [i for i in range(msg_id - step, low, -step)][:RETRO][::-1]
 
+    def gaps(self, parts: list[tuple[int, int]], at: float) -> list[tuple[int, int]]:
+        """:meth:`gap_ids` of each of ``parts``."""
+        if self.step == 1:
+            return parts
+        return [gap for a, b in parts for gap in self.gap_ids(a, b, at)]
+
     def gap_ids(self, start: int, end: int, at: float) -> list[tuple[int, int]]:
         """The parts of ``start..end`` (ids passed by a row created at ``at``) that may still
         commit: all of it with one writer; else the ids of the active residues."""
@@ -68,9 +74,7 @@ class Interleave:
             return [(start, end)]
         if end - start >= RETRO * step:
             return [(start, end)]  # a quiet channel in a busy table: probed as before
-        active = {
-            r for r, (_, seen_at) in self._seen.items() if at - seen_at <= self.active_for
-        }
+        active = {r for r, (_, seen_at) in self._seen.items() if at - seen_at <= self.active_for}
         if len(active) == step:
             return [(start, end)]
         return [(i, i) for i in range(start, end + 1) if i % step in active]

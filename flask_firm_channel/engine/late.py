@@ -17,7 +17,16 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from sqlalchemy import Table, func, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from .backends import Dialect
+from .repair import REPAIR_CHANNEL, repair_record
+
 log = logging.getLogger("flask_firm_channel")
+
+#: Seconds between two reads of the id step (``LateCommits._id_step``).
+STEP_CHECK = 30.0
 
 
 @dataclass(frozen=True)
@@ -31,22 +40,97 @@ class PendingBroadcast:
 
 
 class LateCommits:
-    """Checks the broadcasts of a transaction when it commits; counts and repairs the late
-    ones. ``repair(late)`` writes a repair record naming them and returns its id."""
+    """The commits of this process's broadcasts that listeners may have passed: late ones
+    (past the grace) and, where writers interleave their ids, ones behind a higher id. Each
+    is named in a repair record (``repair.py``), logged (the late ones at WARNING) and
+    counted. ``publish(rows)`` writes rows in a transaction of their own."""
 
     def __init__(
         self,
         grace: float,
-        *,
-        serial_commits: bool,
-        repair: Callable[..., int],
+        dialect: Dialect,
+        table: Table,
+        publish: Callable[[list[tuple[bytes, bytes]]], list[int]],
     ) -> None:
         self.grace = grace
-        self.serial_commits = serial_commits
-        self._repair = repair
+        self.serial_commits = dialect.serial_commits
+        self._dialect = dialect
+        self._table = table
+        self._publish = publish
         self.count = 0
         self.repairs = 0
         self.unrepaired = 0
+        #: The distance between the ids one writer hands out, and when to read it again.
+        self._step, self._step_at = 1, 0.0
+        #: Where it is above 1: callers' broadcasts, checked at their transaction's commit.
+        self._interleaved: dict[int, PendingBroadcast] = {}
+
+    def published(
+        self, rows: list[tuple[bytes, bytes]], ids: list[int], started: float, *, committed: bool
+    ) -> None:
+        """``rows`` were inserted with ``ids`` (the clock read ``started`` before), in a
+        transaction of their own that has ``committed``, or in a caller's."""
+        late = committed and time.monotonic() - started > self.grace > 0
+        if not late and self._id_step() == 1:
+            return
+        pending = [
+            PendingBroadcast(channel, msg_id, started)
+            for (channel, _), msg_id in zip(rows, ids, strict=True)
+        ]
+        if late:
+            # The engine's own transaction came back late (a cluster that stalled, a lock
+            # waited for): repaired like a caller's.
+            self.check(pending)
+        elif committed:
+            self._check_order(pending)
+        else:
+            self._interleaved.update((item.id, item) for item in pending)
+            while len(self._interleaved) > 1000:  # (transactions rolled back)
+                del self._interleaved[next(iter(self._interleaved))]
+
+    def committed(self, broadcasts: Iterable[PendingBroadcast]) -> None:
+        """A caller's transaction holding ``broadcasts`` just committed."""
+        broadcasts = list(broadcasts)
+        self.check(broadcasts)
+        if self._interleaved:
+            mine = [self._interleaved.pop(b.id) for b in broadcasts if b.id in self._interleaved]
+            if mine:
+                self._check_order(mine)
+
+    def _check_order(self, pending: list[PendingBroadcast]) -> None:
+        """``pending`` just committed where writers interleave their ids: if a higher id was
+        there already, listeners may have passed theirs without a gap (:meth:`passed`)."""
+        table = self._table
+        try:
+            with self._dialect.engine.connect() as conn:
+                newest = conn.execute(select(func.max(table.c.id))).scalar()
+        except SQLAlchemyError as exc:
+            log.debug("firm-channel could not check %d commit(s) for order: %s", len(pending), exc)
+            newest = None
+        behind = [item for item in pending if newest is None or item.id < newest]
+        if behind:
+            self.passed(behind)
+
+    def _id_step(self) -> int:
+        """The distance between the ids one writer hands out (``Dialect.id_step_sql``), read
+        every ``STEP_CHECK`` seconds."""
+        now = time.monotonic()
+        if now >= self._step_at:
+            self._step_at = now + STEP_CHECK
+            sql = self._dialect.id_step_sql()
+            if sql is not None:
+                try:
+                    with self._dialect.engine.connect() as conn:
+                        self._step = int(conn.exec_driver_sql(sql).scalar() or 1)
+                except SQLAlchemyError as exc:
+                    log.debug("firm-channel could not read the id step: %s", exc)
+        return self._step
+
+    def _repair(self, items: list[PendingBroadcast], passed: bool = False) -> int:
+        """Broadcast the repair record naming ``items``; its id."""
+        named = [(item.id, item.channel) for item in items]
+        record = repair_record(passed=named) if passed else repair_record(late=named)
+        return self._publish([(REPAIR_CHANNEL, record)])[0]
 
     def check(self, pending: Iterable[PendingBroadcast], committed: float | None = None) -> int:
         """Repair and report each broadcast in ``pending`` that committed past the grace (at
@@ -105,8 +189,7 @@ class LateCommits:
             return
         self.repairs += 1
         log.debug(
-            "firm-channel: messages %s committed behind a higher id; repair record %d names "
-            "them",
+            "firm-channel: messages %s committed behind a higher id; repair record %d names them",
             [item.id for item in pending],
             record,
         )

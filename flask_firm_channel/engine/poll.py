@@ -189,7 +189,7 @@ class Poller:
         self._take(rows, seen, carried=True)
         self._health.carried += len(rows)
         self._health.last_poll_at = self._clock()
-        if self.position.deferred:
+        if self.position.passed.deferred:
             self._deliver_due()
 
     # -- a read of the table --------------------------------------------------------------
@@ -231,10 +231,11 @@ class Poller:
         self._hint.take_carried()
         self._hint.take_seen()
         epoch = self._hint.epoch
-        position.reading(now)
+        position.late.reading(now)
         read = self.catch_up.run(now)
         read += self._read_new(now)
-        if position.deferred:
+        position.replay_done()
+        if position.passed.deferred:
             self._deliver_due()
         # Only now: a gap is given up once a read that began past its deadline did not find
         # it (a listener held up for longer than the grace still reads it once more).
@@ -376,7 +377,7 @@ class Poller:
 
     def _apply_repairs(self) -> None:
         late, self._repairs = self._repairs, []
-        deferred, parked = self.position.repair(late)
+        deferred, parked = self.position.passed.repair(late, self.position.followed)
         found = deferred + self._rows_by_id(parked)
         for row in sorted(found):
             self.position.fill(row.id)  # (a gap opened for it since is settled too)
@@ -386,7 +387,7 @@ class Poller:
 
     def _deliver_due(self) -> None:
         """Deferred rows no repair named within a grace: delivered now."""
-        for row in self.position.due_deferred(self._clock()):
+        for row in self.position.passed.due(self._clock()):
             self.position.fill(row.id)
             self.dispatch.deliver(row, LATE)
 

@@ -39,11 +39,12 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime
 
-from .cursor import Cursor
-from .gaps import Gap, GapList
+from .gaps import GapList
 from .interleave import Interleave
+from .owed import Owed, Pending
+from .passed import LateRows, Passed, epoch
 from .reads import Range, Row
 from .subscriptions import Snapshot, Subscriber
 from .table import channel_hash
@@ -53,10 +54,6 @@ MAX_GAP_RANGES = 32
 #: The rows taken most recently that the position remembers, to check that the database still
 #: holds them (``history.py``).
 RECENT = 4096
-#: Gaps given up are remembered (parked) this many seconds, and at most PARKED_RANGES of
-#: them: a repair record naming one of their ids delivers its row (``repair.py``).
-PARK_HORIZON = 3600.0
-PARKED_RANGES = 4096
 
 #: What a row is to the position once taken: above the high-water mark (``NEW``), filling a
 #: gap (``LATE``), or an id already passed without a gap (``SEEN``: only a resumed
@@ -64,11 +61,6 @@ PARKED_RANGES = 4096
 NEW: bool | None = False
 LATE: bool | None = True
 SEEN: bool | None = None
-
-
-def epoch(created_at: datetime) -> float:
-    """A naive-UTC ``created_at`` as epoch seconds."""
-    return created_at.replace(tzinfo=timezone.utc).timestamp()
 
 
 def outside(start: int, end: int, settled: tuple[int, int] | None) -> list[tuple[int, int]]:
@@ -82,16 +74,6 @@ def outside(start: int, end: int, settled: tuple[int, int] | None) -> list[tuple
     if end > high:
         parts.append((max(start, high + 1), end))
     return parts
-
-
-class Pending:
-    """A resumed subscriber's cursor gaps below its anchor, still awaited until ``expires``."""
-
-    def __init__(self, ranges: Iterable[tuple[int, int]], expires: float) -> None:
-        self.gaps = GapList()
-        for start, end in ranges:
-            self.gaps.add(start, end, expires)
-        self.expires = expires
 
 
 class ReadPosition:
@@ -108,16 +90,8 @@ class ReadPosition:
     ) -> None:
         self.grace = grace
         self.also = also
-        #: Commits can come later than the grace here (not where writers are serialised): a
-        #: row that must have is deferred (see the module's docstring).
-        self.late_commits = late_commits
-        #: When the previous read of the table began (before any: when the position was
-        #: made); and when the latest one began.
-        self.read_floor = now
-        self._read_at = now
-        #: channel_hash -> when it was followed from (a row of it not read before then was
-        #: not missed: it was not asked for).
-        self._followed_at: dict[int, float] = {}
+        #: Which rows must have committed later than the grace (deferred, see passed.py).
+        self.late = LateRows(grace, late_commits, now)
         #: Ids handed out by several writers (MariaDB Galera): only active residues' gaps.
         self.interleave = Interleave(2 * grace)
         #: Ids of a residue that became active again, to open as gaps (see interleave.py).
@@ -147,14 +121,10 @@ class ReadPosition:
         #: none is left.
         self.replayed: dict[int, datetime] = {}
         self.replayed_until = 0
-        #: Gaps given up (their ``revealed_at`` is when they were), for repairs.
-        self.parked = GapList()
-        #: Rows found filling a gap later than a grace after they were created, by id, with
-        #: when they are delivered if no repair names them first (epoch seconds).
-        self.deferred: dict[int, tuple[Row, float]] = {}
-        #: Resumed subscribers' pending ids given up (a repair may name one), by
-        #: ``id(subscriber)``, with when.
-        self.pending_parked: dict[int, tuple[Subscriber, GapList, float]] = {}
+        #: What the position went past without delivering it (``passed.py``).
+        self.passed = Passed()
+        #: What each subscriber is owed of what the position takes (``owed.py``).
+        self.owed = Owed(self)
 
     # -- starting -------------------------------------------------------------------------
 
@@ -208,10 +178,7 @@ class ReadPosition:
                 by_hash[h] = min(by_hash.get(h, sub.anchor), sub.anchor)
         hw = self.high_water
         followed = snap.hash_set | self.also if snap.hash_set else snap.hash_set
-        for h in followed - self.followed:
-            self._followed_at[h] = now
-        for h in self.followed - followed:
-            self._followed_at.pop(h, None)
+        self.late.follow(followed - self.followed, self.followed - followed, now)
         earliest = min(by_hash.values(), default=hw)
         for h in self.also:
             by_hash.setdefault(h, earliest)
@@ -290,43 +257,25 @@ class ReadPosition:
             given_up = [g for g in self.gaps if g.revealed_at < read_at - self.grace]
             if given_up:
                 self.gaps.expire(read_at - self.grace)
-                self._park(given_up, read_at)
+                self.passed.park_gaps(given_up, read_at)
         if self.pending:
             for key, (sub, pending) in list(self.pending.items()):
                 if pending.expires < read_at or not pending.gaps:
                     del self.pending[key]
                     if pending.gaps:  # given up for this subscriber: parked for it
-                        self.pending_parked[key] = (sub, pending.gaps, read_at)
-        if self.pending_parked:
-            for key, (sub, _, at) in list(self.pending_parked.items()):
-                if not sub.active or at < read_at - PARK_HORIZON:
-                    del self.pending_parked[key]
-
-    def _park_passed(self, start: int, end: int, at: float) -> None:
-        parked = self.parked
-        if parked and parked.span[1] >= start:
-            parked.add(start, end, at)
-        else:
-            parked.append(start, end, at)
-        if len(parked) > 2 * PARKED_RANGES:
-            parked.keep_last(PARKED_RANGES)
-
-    def _park(self, gaps: list[Gap], at: float) -> None:
-        for gap in gaps:
-            self.parked.add(gap.start, gap.end, at)
-        self.parked.expire(at - PARK_HORIZON)
-        if len(self.parked) > 2 * PARKED_RANGES:
-            self.parked.keep_last(PARKED_RANGES)
+                        self.passed.park_pending(sub, pending.gaps, read_at)
+        if self.passed.pending:
+            self.passed.forget_pending(read_at)
 
     def next_deadline(self) -> float | None:
         """The earliest moment (epoch seconds) at which :meth:`expire` would settle a gap or
         a resumed subscriber's pending ids, if a read began then, or a deferred row is due;
         None if none is open."""
-        if not self.gaps and not self.pending and not self.deferred:
+        if not self.gaps and not self.pending and not self.passed.deferred:
             return None
         deadlines = [gap.revealed_at + self.grace for gap in self.gaps]
         deadlines.extend(pending.expires for _, pending in self.pending.values())
-        deadlines.extend(until for _, until in self.deferred.values())
+        deadlines.extend(self.passed.deadlines())
         return min(deadlines, default=None)
 
     def is_next(self, rows: list[Row]) -> bool:
@@ -364,14 +313,7 @@ class ReadPosition:
     ) -> list[tuple[int, int]]:
         """The ids ``start..end``, passed by a row created at ``at``, that may still commit:
         outside ``settled``, and of the active residues where writers interleave."""
-        parts = outside(start, end, settled)
-        if self.interleave.step == 1:
-            return parts
-        return [gap for a, b in parts for gap in self.interleave.gap_ids(a, b, at)]
-
-    def reading(self, now: float) -> None:
-        """A read of the table begins at ``now``."""
-        self.read_floor, self._read_at = self._read_at, now
+        return self.interleave.gaps(outside(start, end, settled), at)
 
     def take(
         self,
@@ -387,13 +329,11 @@ class ReadPosition:
         is as of that row. ``foreign``: sorted ids inside :meth:`fresh_spans` known to be
         other channels' rows; ``settled``: the hint's settled ids as they were before
         ``rows`` were read. A row that committed later than the grace (see the module's
-        docstring) is deferred instead, until ``now`` plus a grace at most (:meth:`repair`,
-        :meth:`due_deferred`): one read that was not there when the previous read began, or
+        docstring) is deferred instead, until ``now`` plus a grace at most (``Passed.repair``,
+        ``Passed.due``): one read that was not there when the previous read began, or
         one ``carried`` (notified at its commit, just now), created more than a grace
         before."""
-        late_after = None
-        if self.late_commits and now:
-            late_after = (now if carried else self.read_floor) - self.grace
+        late_after = self.late.limit(now, carried)
         if self._retro:
             retro, self._retro = self._retro, []
             hw = self.high_water
@@ -418,20 +358,20 @@ class ReadPosition:
                     if self.interleave.step > 1:
                         # Ids of idle writers are passed without a gap: parked, in case one
                         # was committing after all (its writer repairs it, see repair.py).
-                        self._park_passed(hw + 1, row.id - 1, at)
+                        self.passed.park_range(hw + 1, row.id - 1, at)
                     others = foreign[
                         bisect.bisect_right(foreign, hw) : bisect.bisect_left(foreign, row.id)
                     ]
                     if others:
                         self.gaps.remove(others)
                 self.high_water = row.id
-                if late_after is not None and self._missed(row, late_after):
-                    self.deferred[row.id] = (row, now + self.grace)  # type: ignore[operator]
+                if late_after is not None and self.late.missed(row, late_after):
+                    self.passed.defer(row, now + self.grace)  # type: ignore[operator]
                 else:
                     yield row, NEW
             elif self.fill(row.id):
-                if late_after is not None and self._missed(row, late_after):
-                    self.deferred[row.id] = (row, now + self.grace)  # type: ignore[operator]
+                if late_after is not None and self.late.missed(row, late_after):
+                    self.passed.defer(row, now + self.grace)  # type: ignore[operator]
                 else:
                     yield row, LATE
             else:
@@ -442,54 +382,8 @@ class ReadPosition:
         if not self.gaps.inside([msg_id]):
             return False
         self.gaps.remove([msg_id])
-        if self.parked:
-            self.parked.remove([msg_id])
+        self.passed.delivered(msg_id)
         return True
-
-    def claim_passed(self, msg_id: int) -> bool:
-        """A row read again (catching a subscriber up) that the position passed without
-        delivering it (parked or deferred): True, and it is no longer either."""
-        if self.deferred.pop(msg_id, None) is not None:
-            return True
-        if self.parked and self.parked.inside([msg_id]):
-            self.parked.remove([msg_id])
-            return True
-        return False
-
-    def _missed(self, row: Row, late_after: float) -> bool:
-        """``row``, created before ``late_after``, was asked for by the previous read (its
-        channel followed then) and not there: it committed later than the grace."""
-        if epoch(row.created_at) >= late_after:
-            return False
-        followed_at = self._followed_at.get(channel_hash(row.channel))
-        return followed_at is not None and followed_at <= self.read_floor
-
-    def due_deferred(self, now: float) -> list[Row]:
-        """The deferred rows no repair named within a grace: delivered now, as late rows."""
-        due = [row for row, until in self.deferred.values() if until <= now]
-        for row in due:
-            del self.deferred[row.id]
-        return sorted(due)
-
-    def repair(self, late: list[tuple[int, int]]) -> tuple[list[Row], list[tuple[int, int]]]:
-        """A repair record names ``late`` ``(id, channel_hash)``: their commits came later
-        than the grace. Returns the deferred rows among them (to deliver now) and the ids
-        given up (parked) among them, of followed channels (to read and deliver now); both
-        are forgotten here. Any other id was delivered already, or is still awaited in a gap
-        (read as usual), or concerns no subscriber of this process."""
-        rows = [self.deferred.pop(i)[0] for i, _ in late if i in self.deferred]
-        parked = [
-            (i, h)
-            for i, h in late
-            if h in self.followed
-            and (
-                self.parked.inside([i])
-                or any(gaps.inside([i]) for _, gaps, _ in self.pending_parked.values())
-            )
-        ]
-        if parked:
-            self.parked.remove(i for i, _ in parked)
-        return sorted(rows), parked
 
     def live(self, row: Row, late: bool | None) -> bool | None:
         """A row just taken as ``late``: None if nobody gets it (it predates the table going
@@ -508,114 +402,26 @@ class ReadPosition:
             not self.floors or self.wanted(channel_hash(row.channel), row.id)
         )
 
-    # -- what each subscriber is owed -------------------------------------------------------
+    # -- starting over: the table went backwards, the database's history changed ----------
 
-    def admits(
-        self, sub: Subscriber, row: Row, late: bool | None, only: Subscriber | None, wanted: bool
-    ) -> bool:
-        """Whether ``sub`` gets ``row`` (taken as ``late``). ``only`` is a subscriber being
-        caught up: it gets the row if it is above its anchor; the others get it only if it
-        is late. ``wanted``: what :meth:`live` said of the row. A row that
-        was pending for ``sub`` is no longer once admitted."""
-        if not sub.active or sub.anchor is None:
-            return False
-        floor = sub.created_floor
-        if floor is not None and row.id <= floor[1] and row.created_at <= floor[0]:
-            return False  # from the history it had, or before it subscribed
-        if sub is only:
-            if row.id > sub.anchor:
-                return True
-        elif not sub.started or (only is not None and not late):
-            return False
-        elif wanted and row.id > sub.anchor:
-            return True
-        awaited = self.pending.get(id(sub))
-        if awaited is None or not awaited[1].gaps.inside([row.id]):
-            given_up = self.pending_parked.get(id(sub)) if late else None
-            if given_up is None or not given_up[1].inside([row.id]):
-                return False
-            given_up[1].remove([row.id])  # (named by a repair: its last chance)
-            return True
-        awaited[1].gaps.remove([row.id])
-        return True
-
-    def owed_below(self, sub: Subscriber) -> bool:
-        """Whether ``sub``'s cursor differs from the plain high-water mark: gaps are open, or
-        it still awaits pending ids (its messages then carry cursors of their own)."""
-        return bool(self.gaps) or bool(self.deferred) or id(sub) in self.pending
-
-    def delivered(
-        self, row: Row, sub: Subscriber, *, caught_up: bool
-    ) -> tuple[int, list[tuple[int, int]]]:
-        """What ``sub`` has had once ``row`` is delivered, as a cursor's ``(high, gaps)``:
-        everything up to the high-water mark except the open gaps and its pending ids (while
-        catching up, only up to ``row``)."""
-        assert self.high_water is not None and sub.anchor is not None
-        # While catching up, a late row from a gap of the resumed cursor (below its high)
-        # must not move the cursor back below what was delivered before the disconnect.
-        high = max(self.high_water, row.id) if caught_up else max(row.id, sub.anchor)
-        gaps = self.gaps.within(sub.anchor, high)
-        awaited = self.pending.get(id(sub))
-        if awaited is not None:
-            gaps += awaited[1].gaps.within(-1, high)
-        if self.deferred:
-            gaps += [(i, i) for i in self.deferred if sub.anchor < i <= high]
-        return high, gaps
-
-    def fell_behind(self, sub: Subscriber, row: Row, *, caught_up: bool) -> Cursor:
-        """``sub`` did not take ``row``: it takes nothing more until it is caught up again
-        from the returned cursor, the one before ``row``."""
-        resume = Cursor.of(*self.delivered(row, sub, caught_up=caught_up)).without(row.id)
-        sub.resume, sub.anchor = resume, resume.high
-        sub.started, sub.behind = False, True
-        sub.catchups += 1
-        self.pending.pop(id(sub), None)
-        return resume
-
-    def begin_catch_up(self, sub: Subscriber, now: float) -> Pending | None:
-        """``sub`` is caught up from its anchor next: its channels' floors move down to it,
-        and a resumed cursor's gaps become pending for it until the grace passes."""
-        assert sub.anchor is not None
-        sub.behind = False
-        for h in sub.hashes:
-            if h in self.floors:
-                self.floors[h] = min(self.floors[h], sub.anchor)
-        if sub.resume is None or not sub.resume.gaps:
-            return None
-        pending = Pending(sub.resume.gaps, now + self.grace)
-        self.pending[id(sub)] = (sub, pending)
-        return pending
-
-    def restart_resume(self, sub: Subscriber, oldest: int | None) -> None:
-        """``sub``'s cursor is above everything the table holds (it went backwards since):
-        start it again from what is there."""
-        self.restart_from(sub, Cursor(0 if oldest is None else oldest - 1))
-
-    def restart_from(self, sub: Subscriber, cursor: Cursor) -> None:
-        """Catch ``sub`` up from ``cursor`` instead of the one it resumed from."""
-        sub.anchor, sub.resume = cursor.high, cursor
+    def _start_over(self, high_water: int) -> None:
+        """Read again from ``high_water``, with nothing awaited, passed or followed."""
+        self.high_water = high_water
+        self.gaps.clear()
+        self.floors.clear()
+        self.pending.clear()
+        self.passed.clear()
+        self.followed, self._followed_key = frozenset(), None
         self.anchor_epoch += 1
-
-    # -- the table going backwards ----------------------------------------------------------
 
     def went_backwards(self, subs: Iterable[Subscriber]) -> None:
         """The table's ids were reset (TRUNCATE, a restore, a recreated table): new rows will
         have ids already passed. Start again from zero, delivering only rows newer than
         anything already seen, so that restored history is not replayed."""
-        self.high_water = 0
-        self.gaps.clear()
-        self.floors.clear()
-        self.pending.clear()
-        self.parked.clear()
-        self.deferred.clear()
-        self.pending_parked.clear()
-        self.followed, self._followed_key = frozenset(), None
+        self._start_over(0)
         self.not_before = self.newest_seen
         for sub in subs:
             sub.anchor = 0
-        self.anchor_epoch += 1
-
-    # -- the database's history changing -----------------------------------------------------
 
     def rewind(self, parting: int, kept: dict[int, datetime], subs: Iterable[Subscriber]) -> None:
         """The database lost rows above ``parting`` that were taken (a failover to a server
@@ -623,17 +429,9 @@ class ReadPosition:
         there. ``kept``: rows above ``parting`` taken before and still held, by id, which
         are not taken again. A subscriber anchored above ``parting`` gets what the database
         now holds above it, except rows it had, or created before it subscribed."""
-        high_water = self.high_water or 0
-        self.high_water = parting
-        self.gaps.clear()
-        self.floors.clear()
-        self.pending.clear()
-        self.followed, self._followed_key = frozenset(), None
         self.replayed = dict(kept)
-        self.replayed_until = max(high_water, max(kept, default=0))
-        self.parked.clear()
-        self.deferred.clear()
-        self.pending_parked.clear()
+        self.replayed_until = max(self.high_water or 0, max(kept, default=0))
+        self._start_over(parting)
         self.recent = deque(
             ((i, c) for i, c in self.recent if i <= parting or kept.get(i) == c), maxlen=RECENT
         )
@@ -641,7 +439,6 @@ class ReadPosition:
             if sub.anchor is not None and sub.anchor > parting:
                 sub.created_floor = (sub.since, sub.anchor)
                 sub.anchor = parting
-        self.anchor_epoch += 1
 
     def replay_done(self) -> None:
         """Forget :attr:`replayed` once the high-water mark has passed it."""
@@ -652,11 +449,8 @@ class ReadPosition:
 
     def copy(self) -> ReadPosition:
         """The same position, for a forked child that goes on from its parent's."""
-        other = ReadPosition(
-            self.grace, self.also, late_commits=self.late_commits, now=self.read_floor
-        )
-        other._read_at = self._read_at
-        other._followed_at = dict(self._followed_at)
+        other = ReadPosition(self.grace, self.also)
+        other.late = self.late.copy()
         other.high_water = self.high_water
         other.gaps = self.gaps.copy()
         other.floors = dict(self.floors)
@@ -666,8 +460,6 @@ class ReadPosition:
         other.not_before = self.not_before
         other.newest_seen = self.newest_seen
         other.recent = deque(self.recent, maxlen=RECENT)
-        other.parked = self.parked.copy()
-        other.deferred = dict(self.deferred)
-        other.pending_parked = dict(self.pending_parked)
+        other.passed = self.passed.copy()
         other.replayed, other.replayed_until = dict(self.replayed), self.replayed_until
         return other

@@ -27,7 +27,7 @@ from .late import LateCommits, PendingBroadcast
 from .listener import Listener
 from .message import HistoryTrimmed, Message
 from .publish import Publisher
-from .repair import REPAIR_CHANNEL, REPAIR_HASH, repair_record
+from .repair import REPAIR_HASH
 from .settings import Duration, Settings
 from .subscriptions import Callback, Subscriber, Subscription, SubscriptionRegistry
 from .trim import Trimmer
@@ -36,8 +36,6 @@ from .validate import encode_channel, encode_message, encode_messages
 log = logging.getLogger("flask_firm_channel")
 
 _instances: weakref.WeakSet[PubSub] = weakref.WeakSet()
-#: Seconds between two reads of the id step (``PubSub._id_step``).
-STEP_CHECK = 30.0
 
 
 def _no_streams() -> dict[str, int]:
@@ -72,17 +70,10 @@ class PubSub:
         self._anchor = Anchor(self._read_max_id)
         self._callbacks = CallbackRunner(on_drained=self._catch_up)
         self._late = LateCommits(
-            self.settings.commit_grace,
-            serial_commits=self.dialect.serial_commits,
-            repair=self._write_repair,
+            self.settings.commit_grace, self.dialect, table, self._publisher.publish
         )
         self._lock = threading.RLock()
         self._listener: Listener | None = None
-        #: The distance between the ids one writer hands out and when to read it again, and
-        #: (where it is above 1) the broadcasts of callers' transactions, checked at their
-        #: commit (see _check_passed).
-        self._step, self._step_at = 1, 0.0
-        self._interleaved: dict[int, PendingBroadcast] = {}
         self._trimmer = Trimmer(self.dialect, table, self.settings)
         self._closed = False
         self._held: list[Listener | Trimmer | Heartbeat | CallbackRunner] = []
@@ -133,26 +124,7 @@ class PubSub:
         except Exception as exc:
             # As database_errors() does, without a context manager's cost on every broadcast.
             raise_as_dbapi_error(exc, self.dialect, self.table.name)
-        if connection is None and time.monotonic() - started > self._late.grace > 0:
-            # The engine's own transaction came back late (a cluster that stalled, a lock
-            # waited for): repaired like a caller's (late.py).
-            self._late.check(
-                PendingBroadcast(channel, msg_id, started)
-                for (channel, _), msg_id in zip(rows, ids, strict=True)
-            )
-        elif self._id_step() > 1:
-            # Where writers interleave their ids (interleave.py), listeners wait for none of
-            # an idle writer's: a commit behind a higher id is named in a repair record.
-            pending = [
-                PendingBroadcast(channel, msg_id, started)
-                for (channel, _), msg_id in zip(rows, ids, strict=True)
-            ]
-            if connection is None:
-                self._check_passed(pending)
-            else:
-                self._interleaved.update((item.id, item) for item in pending)
-                while len(self._interleaved) > 1000:  # (transactions rolled back)
-                    del self._interleaved[next(iter(self._interleaved))]
+        self._late.published(rows, ids, started, committed=connection is None)
         with self._count_lock:
             self._broadcasts += len(rows)
         followed = self._registry.snapshot.by_channel
@@ -172,48 +144,8 @@ class PubSub:
         it once even if it had given its id up (``repair.py``), logged as a warning and
         counted in ``health().late_commits``.
         """
-        broadcasts = list(broadcasts)
-        self._late.check(broadcasts)
-        if self._interleaved:
-            mine = [self._interleaved.pop(b.id) for b in broadcasts if b.id in self._interleaved]
-            if mine:
-                self._check_passed(mine)
+        self._late.committed(broadcasts)
         self._wake_listener()
-
-    def _check_passed(self, pending: list[PendingBroadcast]) -> None:
-        """``pending`` just committed where writers interleave their ids: if a higher id was
-        there already, listeners may have passed theirs without a gap (late.py)."""
-        try:
-            with self.engine.connect() as conn:
-                newest = conn.execute(select(func.max(self.table.c.id))).scalar()
-        except SQLAlchemyError as exc:
-            log.debug("firm-channel could not check %d commit(s) for order: %s", len(pending), exc)
-            newest = None
-        behind = [item for item in pending if newest is None or item.id < newest]
-        if behind:
-            self._late.passed(behind)
-
-    def _id_step(self) -> int:
-        """The distance between the ids one writer hands out (``Dialect.id_step_sql``), read
-        every ``STEP_CHECK`` seconds."""
-        now = time.monotonic()
-        if now >= self._step_at:
-            self._step_at = now + STEP_CHECK
-            sql = self.dialect.id_step_sql()
-            if sql is not None:
-                try:
-                    with self.engine.connect() as conn:
-                        self._step = int(conn.exec_driver_sql(sql).scalar() or 1)
-                except SQLAlchemyError as exc:
-                    log.debug("firm-channel could not read the id step: %s", exc)
-        return self._step
-
-    def _write_repair(self, late: list[PendingBroadcast], passed: bool = False) -> int:
-        """Broadcast the repair record naming ``late`` (``passed``: ids that may have been
-        passed without a gap, see late.LateCommits.passed); its id."""
-        named = [(item.id, item.channel) for item in late]
-        record = repair_record(passed=named) if passed else repair_record(late=named)
-        return self._publisher.publish([(REPAIR_CHANNEL, record)])[0]
 
     def _wake_listener(self) -> None:
         listener = self._listener

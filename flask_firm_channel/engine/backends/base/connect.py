@@ -102,8 +102,7 @@ class Connector:
                 result = (
                     None,
                     ConnectTimeout(
-                        f"the connect did not end within {self.timeout:g} s; given up, "
-                        f"trying again"
+                        f"the connect did not end within {self.timeout:g} s; given up, trying again"
                     ),
                 )
         return result

@@ -27,9 +27,7 @@ def wait_ready(fds: Sequence[int], timeout: float | None, *, write: bool = False
     make_poll = getattr(select, "poll", None)
     if make_poll is None:
         wait = None if timeout is None else max(0.0, timeout)
-        readable, writable, _ = select.select(
-            [] if write else fds, fds if write else [], [], wait
-        )
+        readable, writable, _ = select.select([] if write else fds, fds if write else [], [], wait)
         return list(writable if write else readable)
     poll = make_poll()
     mask = select.POLLOUT if write else select.POLLIN
