@@ -22,7 +22,15 @@ import pytest
 
 from flask_firm_channel import HISTORY_CHANGED_EVENT
 
-from .consumers import CHANNEL, Load, SSEClient, World, broadcast_retrying
+from .consumers import (
+    CHANNEL,
+    InProcessApp,
+    Load,
+    SSEClient,
+    World,
+    broadcast_retrying,
+    wait_until,
+)
 from .pgpair import PostgresPair
 
 pytestmark = pytest.mark.cluster
@@ -138,3 +146,64 @@ def test_the_failover_check_says_nothing_was_lost_when_nothing_was(
     said = [r.getMessage() for r in caplog.records if "all still there" in r.getMessage()]
     assert said and "failed over (timeline" in said[0]
     assert world.app.health().history_changes == 0
+
+
+def test_an_app_left_on_the_old_primary_reads_the_standby_and_never_listens_there(
+    make_pg_pair: Callable[..., PostgresPair],
+) -> None:
+    """The app names one host, the primary, which crashes and comes back as a standby: the
+    hint says once why it cannot LISTEN there (and asks nothing of the standby that it
+    refuses), and the listener delivers by reading the standby's table."""
+    pair = make_pg_pair(synchronous=False)
+    old_primary = pair.primary
+    world = World(pair.url)  # the publisher and the other consumers follow the primary
+    app = InProcessApp(old_primary.url, world.table, CHANNEL, FIRM_CHANNEL_POLLING_INTERVAL=0.2)
+    try:
+        world.publisher.broadcast(CHANNEL, "before")
+        wait_until(lambda: app.payloads("callback") == ["before"], 10, "the first message")
+        assert app.health().wake_healthy
+
+        pair.fail_over()
+        pair.rejoin("rewind")  # the old primary is a standby of the new one now
+        assert old_primary.in_recovery()
+        after = [f"after-{i}" for i in range(5)]
+        for p in after:
+            broadcast_retrying(world.publisher, p)
+        wait_until(
+            lambda: app.payloads("callback") == ["before", *after], 30, "the standby's rows"
+        )
+        # Tried again (backing off), said once.
+        standby = "is a standby (in recovery)"
+        wait_until(lambda: standby in (app.health().wake_last_error or ""), 30, "the reason")
+        tries = app.health().wake_errors
+        wait_until(lambda: app.health().wake_errors > tries, 30, "another try of LISTEN")
+        health = app.health()
+        assert not health.wake_healthy
+        assert standby in (health.wake_last_error or "")
+        said = [m for _, _, m in world.logs.records if standby in m]
+        assert len(said) == 1, said
+        assert f":{old_primary.port} is a standby" in said[0]
+        assert "cannot execute LISTEN" not in old_primary.log.read_text()
+    finally:
+        app.close()
+        world.close()
+
+
+def test_listen_asks_for_the_primary_where_the_url_names_several_hosts() -> None:
+    """A URL naming several hosts without ``target_session_attrs`` would LISTEN on the first
+    that answers, standby or not: the hint's connection asks for the one that takes writes.
+    The user's own choice stands, and one host is left as it is."""
+    from sqlalchemy import create_engine
+
+    from flask_firm_channel.engine.backends.postgresql.listenconn import primary_only
+
+    hosts = "postgresql+psycopg://u@/db?host=127.0.0.1:5432&host=127.0.0.1:5433"
+    cases = {
+        hosts: {"target_session_attrs": "read-write"},
+        hosts + "&target_session_attrs=any": {},
+        "postgresql+psycopg://u@127.0.0.1:5432/db": {},
+    }
+    for url, expected in cases.items():
+        engine = create_engine(url)
+        assert primary_only(engine) == expected, url
+        engine.dispose()

@@ -28,6 +28,28 @@ from .pooler import send_probe
 TakeNotes = Callable[[Iterable[Any]], tuple[bool, int]]
 
 
+class StandbyServer(RuntimeError):
+    """LISTEN was asked of a standby, which refuses it (and a NOTIFY reaches the primary's
+    listeners alone). The listener reads the table meanwhile, which a standby serves."""
+
+    def __init__(self, host: str, port: str) -> None:
+        super().__init__(
+            f"the server at {host}:{port} is a standby (in recovery), and LISTEN needs the "
+            f"primary: name the primary, or give every host of the cluster with "
+            f"target_session_attrs=read-write; the table is read meanwhile"
+        )
+
+
+def primary_only(engine: Engine) -> dict[str, Any]:
+    """The driver argument that makes a URL naming several hosts connect to the one that
+    takes writes (``target_session_attrs=read-write``), unless the URL says otherwise. One
+    host: nothing (a standby is then found by :meth:`ListenConnection.open`)."""
+    _, params = engine.dialect.create_connect_args(engine.url)
+    if "," in str(params.get("host", "")) and "target_session_attrs" not in params:
+        return {"target_session_attrs": "read-write"}
+    return {}
+
+
 class ListenConnection:
     """A psycopg 3 connection in autocommit, LISTENing to the table's own channel (made by
     :meth:`open` on the connect thread), handed to the listener thread with the payload of
@@ -73,13 +95,15 @@ class ListenConnection:
         Neither connection is the app's pool's. ``bound``: the driver's connect timeout."""
         from psycopg import sql
 
-        conn = dedicated_connection(listen_engine, bound)
+        conn = dedicated_connection(listen_engine, {**bound, **primary_only(listen_engine)})
         if conn is None or not hasattr(conn, "pgconn"):
             close_quietly(conn)
             raise RuntimeError("the PostgreSQL wake hint needs the psycopg (3) driver")
         try:
             conn.rollback()
             conn.autocommit = True
+            if conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+                raise StandbyServer(conn.pgconn.host.decode(), conn.pgconn.port.decode())
             channel = notify_channel_name(table_name)
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             send_probe(dedicated_connection(app_engine, bound), channel, probe)

@@ -333,9 +333,13 @@ class NotifyHint(WakeHint):
         if connected is None:
             return
         conn, error = connected
+        if error is not None:
+            # Nothing was connected, so nothing changes but the failure (said once however
+            # many times it is tried again).
+            self._failed(error)
+            self._retry_later()
+            return
         try:
-            if error is not None:
-                raise error
             self._conn = conn
             conn.liveness = self.liveness
             self.liveness.reset()
@@ -343,10 +347,7 @@ class NotifyHint(WakeHint):
             if self._wanted_buckets:
                 self._listen(self._wanted_buckets)
         except Exception as exc:
-            self._close_conn()
-            self._failed(exc)
-            self._retry_at = time.monotonic() + self._backoff
-            self._backoff = min(self._backoff * 2, self.RETRY_MAX)
+            self._lost(exc)
             return
         self.epoch += 1
         self._calm_until = 0.0
@@ -367,6 +368,9 @@ class NotifyHint(WakeHint):
     def _lost(self, exc: BaseException) -> None:
         self._close_conn()
         self._failed(exc)
+        self._retry_later()
+
+    def _retry_later(self) -> None:
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.RETRY_MAX)
 
