@@ -544,7 +544,9 @@ def _residues(url: str, table_name: str, before: float) -> dict[str, list[int]]:
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     tbl = message_table(sa.MetaData(), table_name)
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(tbl.c.id, tbl.c.payload)).all()
+        rows = conn.execute(
+            sa.select(tbl.c.id, tbl.c.payload).where(tbl.c.channel == CHANNEL.encode())
+        ).all()
     engine.dispose()
     found: dict[str, set[int]] = {}
     for message_id, payload in rows:

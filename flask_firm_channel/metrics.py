@@ -83,6 +83,36 @@ FIGURES: tuple[Figure, ...] = (
         "Broadcasts whose transaction committed later than the commit grace.",
     ),
     Figure(
+        "firm_channel_repairs",
+        "repairs",
+        "Repair records this process wrote naming its late commits for every listener.",
+    ),
+    Figure(
+        "firm_channel_unrepaired",
+        "unrepaired",
+        "Late commits this process could not name in a repair record (logged at ERROR).",
+    ),
+    Figure(
+        "firm_channel_listener_repaired",
+        "repaired",
+        "Late-committed messages this listener delivered because a repair record named them.",
+    ),
+    Figure(
+        "firm_channel_history_changes",
+        "history_changes",
+        "Times the database no longer held messages this process had delivered (a failover).",
+    ),
+    Figure(
+        "firm_channel_lost_messages",
+        "lost_messages",
+        "Delivered messages the database no longer held after such a change.",
+    ),
+    Figure(
+        "firm_channel_id_move_failures",
+        "id_move_failures",
+        "Times the table's ids could not be moved past those delivered after such a change.",
+    ),
+    Figure(
         "firm_channel_callback_backlog",
         "callback_backlog",
         "Calls queued for subscriber callbacks and not started yet.",

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, generate_latest
 
 from flask_firm_channel import Cursor, Message, PubSub, Settings
+from flask_firm_channel.metrics import FirmChannelCollector
 
 from .conftest import wait_for
 from .fault_support import SubscriberProcess
@@ -95,6 +97,12 @@ def test_a_commit_past_the_grace_is_repaired_and_delivered_once_everywhere(
     assert late_id < Cursor.parse(resume_from).high
     assert pubsub.health().late_commits == 1 and pubsub.health().repairs == 1
     assert pubsub.health().repaired == 1
+    # The same counts reach the metrics (and the heartbeat the admin console shows).
+    registry = CollectorRegistry()
+    registry.register(FirmChannelCollector(fc, app))
+    exposition = generate_latest(registry).decode()
+    for line in ("firm_channel_repairs_total 1.0", "firm_channel_listener_repaired_total 1.0"):
+        assert line in exposition.splitlines(), exposition
     warnings = [r for r in caplog.records if "commit grace" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
     text = warnings[0].getMessage()
