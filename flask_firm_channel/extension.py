@@ -15,7 +15,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from flask import Flask, Response, current_app, has_app_context, request
@@ -47,7 +47,7 @@ from .engine.fanout import (
     TooManyConsumers,
 )
 from .engine.late import PendingBroadcast
-from .engine.settings import to_seconds
+from .engine.settings import Duration, to_seconds
 from .engine.validate import check_table_name, encode_message, encode_messages
 
 if TYPE_CHECKING:
@@ -241,7 +241,13 @@ class FirmChannel:
 
     # -- the public API -------------------------------------------------------------------
 
-    def broadcast(self, channel: str | bytes, payload: str | bytes, *, session: Any = None) -> int:
+    def broadcast(
+        self,
+        channel: str | bytes,
+        payload: str | bytes,
+        *,
+        session: Session | scoped_session[Session] | None = None,
+    ) -> int:
         """Send ``payload`` to every subscriber of ``channel``; return the message id.
 
         With ``session`` (e.g. ``db.session``) the message joins that session's transaction:
@@ -251,7 +257,10 @@ class FirmChannel:
         return self.broadcast_many([row], session=session)[0]
 
     def broadcast_many(
-        self, messages: list[tuple[str | bytes, str | bytes]], *, session: Any = None
+        self,
+        messages: list[tuple[str | bytes, str | bytes]],
+        *,
+        session: Session | scoped_session[Session] | None = None,
     ) -> list[int]:
         """Broadcast several messages in one transaction; return their ids in order.
 
@@ -311,7 +320,7 @@ class FirmChannel:
         self,
         *channels: str | bytes,
         after_id: int | str | None = None,
-        timeout: Any = None,
+        timeout: Duration | None = None,
     ) -> Listening:
         """Iterate over the messages on ``channels`` as they arrive, blocking in between.
 
@@ -341,8 +350,8 @@ class FirmChannel:
         self,
         *channels: str | bytes,
         last_event_id: str | int | None = None,
-        heartbeat: Any = None,
-        retry: Any = None,
+        heartbeat: Duration | None = None,
+        retry: Duration | None = None,
         queue_size: int | None = None,
         format_payload: sse.PayloadFormatter = sse.text_payload,
         headers: dict[str, str] | None = None,
@@ -422,7 +431,7 @@ class FirmChannel:
 
     def trim(
         self,
-        older_than: Any = None,
+        older_than: Duration | None = None,
         *,
         batch_size: int | None = None,
         dry_run: bool = False,
@@ -596,7 +605,7 @@ def _encoded(channel: str | bytes) -> bytes:
     return channel.encode("utf-8") if isinstance(channel, str) else bytes(channel)
 
 
-def _real_session(session: Any) -> Session:
+def _real_session(session: object) -> Session:
     if isinstance(session, scoped_session):
         return session()
     if not isinstance(session, Session):

@@ -316,9 +316,7 @@ def test_browser_and_raw_clients_across_three_gthread_workers(server: Any, brows
         missed = [poster.post(f"while you were away {i}")["text"] for i in range(3)]
         for text in missed:
             shown(text, 20)
-        ids = page.eval_on_selector_all(
-            "#messages li", "els => els.map(e => e.dataset.eventId)"
-        )
+        ids = page.eval_on_selector_all("#messages li", "els => els.map(e => e.dataset.eventId)")
         assert len(ids) == len(set(ids)), "a message was shown twice"
         new_worker = int(page.inner_text("#stream-worker").split()[-1].rstrip(")"))
         assert new_worker != stream_worker

@@ -169,9 +169,7 @@ def test_an_app_left_on_the_old_primary_reads_the_standby_and_never_listens_ther
         after = [f"after-{i}" for i in range(5)]
         for p in after:
             broadcast_retrying(world.publisher, p)
-        wait_until(
-            lambda: app.payloads("callback") == ["before", *after], 30, "the standby's rows"
-        )
+        wait_until(lambda: app.payloads("callback") == ["before", *after], 30, "the standby's rows")
         # Tried again (backing off), said once.
         standby = "is a standby (in recovery)"
         wait_until(lambda: standby in (app.health().wake_last_error or ""), 30, "the reason")
