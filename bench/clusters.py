@@ -34,13 +34,15 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from flask_firm_channel import PubSub, Settings, message_table
+from flask_firm_channel import PubSub, message_table
 from flask_firm_channel.engine.late import PendingBroadcast
 from tests.clusters.consumers import (
     InProcessApp,
     LogRecorder,
+    PathBroadcaster,
     SSEClient,
     percentile,
+    publisher,
     table,
     wait_for,
 )
@@ -57,13 +59,6 @@ def _new_table(url: str) -> str:
     message_table(sa.MetaData(), name).create(engine)
     engine.dispose()
     return name
-
-
-def _publisher(url: str, table_name: str) -> tuple[sa.Engine, PubSub]:
-    engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
-    return engine, PubSub(
-        engine, message_table(sa.MetaData(), table_name), Settings(auto_trim=False)
-    )
 
 
 def _broadcast_retrying(pubsub: PubSub, payload: str, within: float = 60) -> tuple[int, int]:
@@ -91,7 +86,7 @@ def lost_tail(new_after: float = 0.0) -> dict[str, Any]:
     closers: list[Any] = []
     try:
         name = _new_table(pair.url)
-        engine, pub = _publisher(pair.url, name)
+        engine, pub = publisher(pair.url, name)
         closers += [pub.close, engine.dispose]
         app = InProcessApp(pair.url, name, CHANNEL)
         closers.insert(0, app.close)
@@ -317,50 +312,6 @@ def _times(
 # -- (c) Galera: a node killed under load -------------------------------------------------
 
 
-class PathBroadcaster:
-    """Broadcasts ``<name>:<seq>:<time>`` every ``interval`` s through ``url``; a failed
-    broadcast is recorded and the next one tried."""
-
-    def __init__(self, name: str, url: str, table_name: str, interval: float = 0.02) -> None:
-        self.name = name
-        self.engine, self.pubsub = _publisher(url, table_name)
-        self.interval = interval
-        self.sent: list[str] = []
-        self.failed: list[tuple[float, str]] = []
-        self.slow: list[tuple[float, float]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> PathBroadcaster:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        seq = 0
-        while not self._stop.is_set():
-            started = time.time()
-            payload = f"{self.name}:{seq}:{started:.6f}"
-            seq += 1
-            try:
-                self.pubsub.broadcast(CHANNEL, payload)
-                self.sent.append(payload)
-            except Exception as exc:  # noqa: BLE001 - the fault under measurement
-                self.failed.append((started, f"{type(exc).__name__}: {exc}"[:160]))
-            took = time.time() - started
-            if took > 0.5:
-                self.slow.append((started, took))
-            self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def close(self) -> None:
-        self.stop()
-        self.pubsub.close()
-        self.engine.dispose()
-
-
 def galera(kill_at: float = 3.0, run_for: float = 15.0, hold_from: float = 1.0) -> dict[str, Any]:
     out: dict[str, Any] = {}
     logs = LogRecorder()
@@ -379,7 +330,7 @@ def galera(kill_at: float = 3.0, run_for: float = 15.0, hold_from: float = 1.0) 
         broadcasters = {label: PathBroadcaster(label, url, name) for label, url in paths.items()}
         closers += [b.close for b in broadcasters.values()]
         held: dict[str, Any] = {}
-        hold_engine, hold_pub = _publisher(paths["node1"], name)
+        hold_engine, hold_pub = publisher(paths["node1"], name)
         closers += [hold_pub.close, hold_engine.dispose]
 
         increments_before = _increments(cluster)

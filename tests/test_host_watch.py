@@ -132,8 +132,9 @@ def test_one_process_watches_for_its_host_and_a_message_wakes_only_those_that_fo
         samples.append(waiting_statements(engine, table))
         time.sleep(0.05)
     assert max(samples) == 1, samples
-    # Every listener sleeps on its bell (not polling on its timer after "hello").
-    wait_for(lambda: all("inotify on 1 host bell" in stats(p)["detail"] for p in fleet))
+    # Every listener sleeps on its bells (not polling on its timer after "hello"): its
+    # channel's and that of the repair records every listener follows.
+    wait_for(lambda: all("inotify on 2 host bell" in stats(p)["detail"] for p in fleet))
     before = [(context_switches(p), stats(p)) for p in fleet]
     readers = [s["reader"] for _, s in before[1:]]
     assert all(isinstance(r, int) for r in readers), readers

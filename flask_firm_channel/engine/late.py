@@ -107,9 +107,9 @@ class LateCommits:
         except SQLAlchemyError as exc:
             log.debug("firm-channel could not check %d commit(s) for order: %s", len(pending), exc)
             newest = None
-        behind = [item for item in pending if newest is None or item.id < newest]
-        if behind:
-            self.passed(behind)
+        # The rows of one commit appear at once: only a higher id of another commit counts.
+        if newest is None or newest > max(item.id for item in pending):
+            self.passed(pending)
 
     def _id_step(self) -> int:
         """The distance between the ids one writer hands out (``Dialect.id_step_sql``), read

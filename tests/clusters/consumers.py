@@ -305,3 +305,55 @@ class Load:
             counts = Counter(got)
             assert [p for p in self.acknowledged if counts[p] != 1] == [], name
             assert [p for p in got if p not in self.acknowledged] == [], name
+
+
+def publisher(url: str, table_name: str) -> tuple[sa.Engine, PubSub]:
+    """An engine on ``url`` and a PubSub that broadcasts to ``table_name`` through it."""
+    engine = sa.create_engine(url, connect_args={"connect_timeout": 3})
+    return engine, PubSub(
+        engine, message_table(sa.MetaData(), table_name), Settings(auto_trim=False)
+    )
+
+
+class PathBroadcaster:
+    """Broadcasts ``<name>:<seq>:<time>`` every ``interval`` s through ``url``; a failed
+    broadcast is recorded and the next one tried."""
+
+    def __init__(self, name: str, url: str, table_name: str, interval: float = 0.02) -> None:
+        self.name = name
+        self.engine, self.pubsub = publisher(url, table_name)
+        self.interval = interval
+        self.sent: list[str] = []
+        self.failed: list[tuple[float, str]] = []
+        self.slow: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> PathBroadcaster:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        seq = 0
+        while not self._stop.is_set():
+            started = time.time()
+            payload = f"{self.name}:{seq}:{started:.6f}"
+            seq += 1
+            try:
+                self.pubsub.broadcast(CHANNEL, payload)
+                self.sent.append(payload)
+            except Exception as exc:  # noqa: BLE001 - the fault under measurement
+                self.failed.append((started, f"{type(exc).__name__}: {exc}"[:160]))
+            took = time.time() - started
+            if took > 0.5:
+                self.slow.append((started, took))
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def close(self) -> None:
+        self.stop()
+        self.pubsub.close()
+        self.engine.dispose()

@@ -17,6 +17,7 @@ the dialect's and the hint's methods and never look at the dialect name themselv
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from sqlalchemy import Engine, Table
@@ -26,6 +27,8 @@ from .base import Dialect, HintHealth, WakeHint
 from .mysql import AdaptivePollHint, HostAutoHint, HostBellHint, MySQLDialect, usable_here
 from .postgresql import NotifyHint, PostgreSQLDialect
 from .sqlite import DataVersionHint, SQLiteDialect
+
+log = logging.getLogger("flask_firm_channel")
 
 __all__ = ["Dialect", "HintHealth", "WakeHint", "dialect_for", "make_hint", "supported"]
 
@@ -71,7 +74,24 @@ def make_hint(
         # On: always the host's watcher. Unset: the watcher while other processes of the
         # host listen to the table, the process's own wait while it is alone.
         asked = settings.host_watch is True
-        if usable_here(dialect.engine, asked=asked):
+        if _one_writer(dialect, asked) and usable_here(dialect.engine, asked=asked):
             shared = HostBellHint if asked else HostAutoHint
             return shared(dialect.engine, table, settings, interested, dialect)
     return _HINTS[kind](dialect.engine, table, settings, interested, dialect)
+
+
+def _one_writer(dialect: Dialect, asked: bool) -> bool:
+    """Whether one server takes the table's writes, as the host watch needs: the processes of
+    a host share a watcher whose connection may be to another node of a cluster, which
+    applies other nodes' commits at other moments than theirs (so the ids it finds settled
+    may not be on their node yet). Where several take writes, each process waits on its own,
+    as said once here (a WARNING if the watch was asked for)."""
+    several = dialect.several_writers()
+    if several is None:
+        return True
+    (log.warning if asked else log.info)(
+        "firm-channel host watch off: the database is %s, which takes writes on every node "
+        "and applies the others' at its own pace; each process waits on its own server",
+        several,
+    )
+    return False

@@ -243,6 +243,11 @@ class Dialect:
         come from one sequence."""
         return None
 
+    def several_writers(self) -> str | None:
+        """What the server is, in words, where several servers take writes to the table (a
+        MariaDB Galera node); None for a single writer. Asked once, when a listener starts."""
+        return None
+
     def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
         """Make the next id the table hands out larger than ``last`` (and every id handed out
         before): after a failover to a server whose sequence is behind, ids already delivered

@@ -18,6 +18,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
+from ...connections import close_quietly, dedicated_connection
 from ..base.dialect import INSERT_PARAMS, Dialect, _chunks, _lock_key
 from ..base.runner import CursorRunner, Runner
 from .runner import PyMySQLRunner, ServerWait
@@ -289,6 +290,34 @@ class MySQLDialect(Dialect):
             return tuple(version[:2]) >= (10, 6)
         return tuple(version[:3]) >= (8, 0, 1)
 
+    def id_step_sql(self) -> str | None:
+        # Galera changes it (and each node's offset) as nodes join and leave.
+        return "SELECT @@global.auto_increment_increment"
+
+    def several_writers(self) -> str | None:
+        conn = None
+        try:
+            # (A connection of its own, as the listener's are: never a slot of the app's pool.)
+            conn = dedicated_connection(self.engine, self.connect_timeout_args(10.0))
+            cursor = conn.cursor()
+            cursor.execute("SELECT @@global.wsrep_on, @@global.wsrep_cluster_name")
+            row = cursor.fetchone()
+        except Exception:  # noqa: BLE001 - MySQL (no such variable), or no server yet
+            return None
+        finally:
+            close_quietly(conn)
+        if not row[0]:
+            return None
+        return f"a node of the Galera cluster {row[1]!r}"
+
+    def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
+        # InnoDB keeps the counter at least one past the largest id in the table, whatever
+        # this asks: it can only move it forward.
+        conn.execute(text(f"ALTER TABLE {self._qualified(table)} AUTO_INCREMENT = {int(last) + 1}"))
+
+    def move_ids_sql(self, table: Table, last: int) -> str:
+        return f"ALTER TABLE {self._qualified(table)} AUTO_INCREMENT = {int(last) + 1};"
+
 
 #: What the host watcher reads at once: the newest id, the ``(id, channel_hash)`` of the rows
 #: past its baseline, and of the holes that are there.
@@ -323,15 +352,3 @@ def _host_reads(name: str, baseline: int, newest: str, holes: tuple[int, ...]) -
         _new_ids(name, baseline, newest) if baseline >= 0 else "SELECT 0, 0 FROM DUAL WHERE FALSE"
     )
     return first + ";" + (" " + _hole_ids(name, holes) + ";" if holes else "")
-
-    def id_step_sql(self) -> str | None:
-        # Galera changes it (and each node's offset) as nodes join and leave.
-        return "SELECT @@global.auto_increment_increment"
-
-    def move_ids_past(self, conn: Connection, table: Table, last: int) -> None:
-        # InnoDB keeps the counter at least one past the largest id in the table, whatever
-        # this asks: it can only move it forward.
-        conn.execute(text(f"ALTER TABLE {self._qualified(table)} AUTO_INCREMENT = {int(last) + 1}"))
-
-    def move_ids_sql(self, table: Table, last: int) -> str:
-        return f"ALTER TABLE {self._qualified(table)} AUTO_INCREMENT = {int(last) + 1};"
