@@ -29,6 +29,7 @@ import threading
 import time
 
 from sqlalchemy import Engine, Table
+from sqlalchemy.exc import DBAPIError
 
 from .backends import Dialect, WakeHint
 from .callbacks import CallbackRunner
@@ -293,8 +294,17 @@ class Listener:
             )
 
     def _move_ids_past(self, last: int) -> None:
-        with self._engine.begin() as conn:
-            self._dialect.move_ids_past(conn, self._table, last)
+        # Just after a failover the app's pool may still hold connections to the old server:
+        # the first use of one fails as a disconnect, which empties the pool of them, and the
+        # move is made on a new connection (without pool_pre_ping as with it).
+        for attempt in range(3):
+            try:
+                with self._engine.begin() as conn:
+                    self._dialect.move_ids_past(conn, self._table, last)
+                return
+            except DBAPIError as exc:
+                if not exc.connection_invalidated or attempt == 2:
+                    raise
 
     def _release(self) -> bool:
         """Hand the calls taken since the last wait to the callbacks (``callbacks/``), as

@@ -102,6 +102,10 @@ def test_async_lost_tail_every_new_message_once_loss_reported_and_no_id_reused(
     health = world.app.health()
     assert (health.history_changes, health.lost_messages) == (1, 40)
     assert world.process.health()["history_changes"] == 1
+    # The ids were moved past the lost ones, by each process (its pool still held
+    # connections to the crashed primary).
+    assert health.id_move_failures == 0
+    assert world.process.health()["id_move_failures"] == 0
     assert "no longer holds 40 messages" in world.process.log_text()
     # Once the loss is known, no id names two messages.
     assert min(later_ids) > max(lost_ids + new_ids)
