@@ -1,5 +1,5 @@
 """What the engine does on real clusters today: ``python -m bench.clusters lost-tail | sync |
-galera | all``.
+galera | galera-cost | all``.
 
 - ``lost-tail``: an asynchronous PostgreSQL pair on the multi-host URL; 5 messages replicated,
   then 40 the standby never gets (``PostgresPair.lose_tail``), the primary crashed and the
@@ -16,6 +16,12 @@ galera | all``.
   in an open transaction on node 1 from 1 s to just after the kill (3.2 s): per-broadcaster
   order, latency, time to deliver again, and when the held broadcast commits and who
   delivers it.
+- ``galera-cost``: what interleaved ids cost a listener. One node of three publishes (its ids
+  step by 3; the other nodes' residues never arrive), 1,000 messages at 200 a second, to a
+  subscriber process on that node and to one on another node, side by side with the
+  machine's single MariaDB server, in alternating rounds: the subscriber's CPU per message
+  (``/proc``), latency, and the publisher's CPU per broadcast (it reads ``MAX(id)`` after
+  each commit where ids interleave).
 
 Prints Markdown tables; not a test.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import threading
 import time
@@ -34,6 +41,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench.proccpu import process_cpu
 from flask_firm_channel import PubSub, message_table
 from flask_firm_channel.engine.late import PendingBroadcast
 from tests.clusters.consumers import (
@@ -528,9 +536,106 @@ def _round(value: float | None, origin: float | None) -> float | None:
     return round(value - origin, 3)
 
 
+# -- (d) what interleaved ids cost, against a single server ---------------------------------
+
+#: The single MariaDB server the machine runs (``../shared/SERVICES.md``).
+SINGLE_MARIADB = "mysql+pymysql://root@127.0.0.1:3306/test"
+
+
+def _one_round(
+    listen_url: str, publish_url: str, count: int, rate: float
+) -> tuple[float, list[float], float]:
+    """A subscriber process on ``listen_url``, ``count`` broadcasts at ``rate`` a second
+    through ``publish_url``: (the subscriber's CPU seconds per message, read from /proc,
+    latencies in ms, the publisher thread's CPU seconds per broadcast)."""
+    name = _new_table(publish_url)
+    sub = SubscriberProcess(listen_url, name, CHANNEL)
+    engine, pub = publisher(publish_url, name)
+    try:
+        pub.broadcast(CHANNEL, f"warm:0:{time.time():.6f}")
+        if not wait_for(lambda: len(sub.payloads()) == 1, 30):
+            raise RuntimeError("the subscriber never got the first message")
+        cpu_before = process_cpu(sub.proc.pid) or 0.0
+        thread_before = time.thread_time()
+        started = time.monotonic()
+        for n in range(count):
+            pub.broadcast(CHANNEL, f"m:{n}:{time.time():.6f}")
+            pause = started + (n + 1) / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        publish_cpu = (time.thread_time() - thread_before) / count
+        if not wait_for(lambda: len(sub.payloads()) == count + 1, 60):
+            raise RuntimeError(f"delivered {len(sub.payloads()) - 1} of {count}")
+        listen_cpu = ((process_cpu(sub.proc.pid) or 0.0) - cpu_before) / count
+        latencies = [(e["t"] - float(e["msg"].split(":")[2])) * 1000 for e in sub.delivered()[1:]]
+        return listen_cpu, latencies, publish_cpu
+    finally:
+        sub.close()
+        pub.close()
+        engine.dispose()
+
+
+def galera_cost(rounds: int = 5, count: int = 1000, rate: float = 200.0) -> dict[str, Any]:
+    """One node of a three-node Galera cluster publishing (its ids step by 3: the other
+    nodes' residues never arrive), a listener on that node and one on another node, side
+    by side with the machine's single MariaDB server, in alternating rounds."""
+    out: dict[str, Any] = {}
+    cluster = GaleraCluster().start()
+    try:
+        node1, node3 = cluster.node(1).url, cluster.node(3).url
+        setups = {
+            "single MariaDB server": (SINGLE_MARIADB, SINGLE_MARIADB),
+            "Galera, listener on the publishing node": (node1, node1),
+            "Galera, listener on another node": (node3, node1),
+        }
+        got: dict[str, list[tuple[float, list[float], float]]] = {k: [] for k in setups}
+        for r in range(rounds):
+            order = list(setups)[r % len(setups) :] + list(setups)[: r % len(setups)]
+            for label in order:
+                got[label].append(_one_round(*setups[label], count, rate))
+        base_cpu = statistics.median(c for c, _, _ in got["single MariaDB server"])
+        base_p99 = statistics.median(
+            percentile(lat, 99) or 0.0 for _, lat, _ in got["single MariaDB server"]
+        )
+        rows = []
+        for label, results in got.items():
+            cpu = statistics.median(c for c, _, _ in results)
+            p50 = statistics.median(percentile(lat, 50) or 0.0 for _, lat, _ in results)
+            p99 = statistics.median(percentile(lat, 99) or 0.0 for _, lat, _ in results)
+            pub_cpu = statistics.median(p for _, _, p in results)
+            rows.append(
+                [
+                    label,
+                    f"{cpu * 1e6:.0f}",
+                    f"{cpu / base_cpu:.2f}",
+                    f"{p50:.1f}",
+                    f"{p99:.1f}",
+                    f"{p99 / base_p99:.2f}",
+                    f"{pub_cpu * 1e6:.0f}",
+                ]
+            )
+        out["table"] = table(
+            rows,
+            [
+                "setup",
+                "listener CPU µs/message",
+                "× single server",
+                "p50 ms",
+                "p99 ms",
+                "p99 × single server",
+                "publisher CPU µs/broadcast",
+            ],
+        )
+        out["runs"] = f"{rounds} rounds of {count} messages at {rate:g}/s each; medians"
+        out["id step on node 1"] = _increments(cluster).get("node1")
+    finally:
+        cluster.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("scenario", choices=["lost-tail", "sync", "galera", "all"])
+    ap.add_argument("scenario", choices=["lost-tail", "sync", "galera", "galera-cost", "all"])
     ap.add_argument(
         "--new-after",
         type=float,
@@ -542,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         "lost-tail": lambda: lost_tail(args.new_after),
         "sync": sync_failover,
         "galera": galera,
+        "galera-cost": galera_cost,
     }
     chosen = list(runs) if args.scenario == "all" else [args.scenario]
     for scenario in chosen:

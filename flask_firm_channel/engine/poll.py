@@ -88,8 +88,13 @@ class Poller:
         self._on_start = on_start
         self._clock = clock
         self.reads = reads
+        # Repair records are followed wherever commits can be late (none are written where
+        # writers are serialised: SQLite).
         self.position = ReadPosition(
-            grace, frozenset({REPAIR_HASH}), late_commits=late_commits, now=clock()
+            grace,
+            frozenset({REPAIR_HASH}) if late_commits else frozenset(),
+            late_commits=late_commits,
+            now=clock(),
         )
         self.dispatch = Dispatcher(registry, self.position, callbacks, health)
         self.dispatch.on_repair = self._repair_record
