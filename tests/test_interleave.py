@@ -1,10 +1,12 @@
 """Interleaved ids (MariaDB Galera: each node its own residue modulo the cluster's size): only
-the residues seen lately become gaps, a residue that becomes active again has its ids just
-below the new one opened after the fact, and a change of step makes every residue active."""
+the residues seen lately become gaps (from the moment the step is learnt: the writers' check
+names what commits behind a higher id), a residue that becomes active again has its ids just
+below the new one opened after the fact, and a change of step makes every residue active
+until the writers have read the new step too."""
 
 from __future__ import annotations
 
-from flask_firm_channel.engine.interleave import RETRO, Interleave
+from flask_firm_channel.engine.interleave import RETRO, STEP_CHECK, Interleave
 
 ACTIVE = 10.0
 
@@ -13,19 +15,16 @@ def ids(parts: list[tuple[int, int]]) -> list[int]:
     return [i for a, b in parts for i in range(a, b + 1)]
 
 
-def test_one_writer_leaves_no_gap_for_the_others_residues_after_a_while() -> None:
+def test_one_writer_leaves_no_gap_for_the_others_residues() -> None:
     interleave = Interleave(ACTIVE)
     assert interleave.gap_ids(2, 3, 0.0) == [(2, 3)]  # one writer: everything may come
     interleave.set_step(3)
     t = 100.0
     for msg_id in range(1, 30, 3):  # node 1 alone: 1, 4, 7, ...
         assert interleave.saw(msg_id, t) == []
+        # From the first row on, node 1's residue alone.
+        assert interleave.gap_ids(msg_id + 1, msg_id + 2, t) == []
         t += 1.0
-    # Within active_for of the first row everything counts (a node may be about to write).
-    assert ids(interleave.gap_ids(29, 30, 100.0 + ACTIVE)) == [29, 30]
-    # Later, node 1's residue alone.
-    t += 1.0
-    assert interleave.gap_ids(29, 30, t) == []
     assert ids(interleave.gap_ids(30, 34, t)) == [31, 34]
 
 
@@ -53,7 +52,11 @@ def test_a_change_of_step_makes_every_residue_active_again() -> None:
     assert interleave.gap_ids(101, 102, 200.0) == []
     interleave.set_step(2)  # a node left: increment 2, new offsets
     interleave.saw(103, 200.0)
-    assert ids(interleave.gap_ids(104, 106, 200.0 + ACTIVE)) == [104, 105, 106]
+    # Every residue, until writers that read the step a while ago have read it again.
+    settled = 200.0 + ACTIVE + STEP_CHECK
+    assert ids(interleave.gap_ids(104, 106, settled)) == [104, 105, 106]
+    interleave.saw(105, settled + 1)
+    assert ids(interleave.gap_ids(106, 107, settled + 2)) == [107]
 
 
 def test_a_wide_range_is_kept_whole() -> None:

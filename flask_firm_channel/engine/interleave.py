@@ -11,8 +11,16 @@ So a residue is *active* while one of its ids has been seen within ``active_for`
 (by the rows' ``created_at``), and only active residues' ids become gaps. When a residue
 becomes active again (an idle node publishes), its ids just below the new one are opened as
 gaps after the fact: a transaction of that node may have taken one of them a moment earlier
-and still be committing. After the step changes (a node left or joined the cluster, so the
-increment and offsets change), every residue counts as active for ``active_for``.
+and still be committing.
+
+What makes passing an idle residue's ids safe is the writer's check (``late.py``): after each
+commit where ids interleave, a broadcaster reads ``MAX(id)``, and names its messages that
+committed behind a higher id in a repair record. Galera commits in one order on every node,
+so a row committed before a higher id is on every node before that id: only those the check
+names can be passed for good. So when a listener first learns the step, no residue is active
+until one of its ids is seen. A change of the step later (a node left or joined the cluster,
+so the increment and offsets change) makes every residue active for ``active_for`` plus
+``STEP_CHECK``: a writer may go on with the step it read last until it reads it again.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from __future__ import annotations
 #: Ids of a residue that becomes active again opened as gaps below the new one: the
 #: transactions of one node that may be committing at that moment.
 RETRO = 64
+#: How often a broadcaster reads the step (``late.LateCommits``).
+STEP_CHECK = 30.0
 
 
 class Interleave:
@@ -30,17 +40,22 @@ class Interleave:
         self.step = 1
         #: residue -> (the last id seen of it, when it was created, epoch seconds).
         self._seen: dict[int, tuple[int, float]] = {}
-        #: Until when (epoch seconds, by the rows' clocks) every residue counts as active.
-        self._all_until: float | None = None
+        #: Until when (epoch seconds, by the rows' clocks) every residue counts as active;
+        #: None: from the next row seen (the step changed).
+        self._all_until: float | None = float("-inf")
+        self._step_known = False
 
     def set_step(self, step: int) -> None:
         """The writers' increment, as the database says it now (``@@auto_increment_increment``
-        on MariaDB); a change makes every residue active for ``active_for``."""
+        on MariaDB). Learnt, no residue is active yet; changed later, every residue is active
+        for ``active_for`` plus ``STEP_CHECK`` (see the module)."""
         step = max(1, int(step))
         if step != self.step:
             self.step = step
             self._seen.clear()
-            self._all_until = None  # from the next row seen, for active_for
+            if self._step_known:
+                self._all_until = None  # from the next row seen
+        self._step_known = True
 
     def saw(self, msg_id: int, at: float) -> list[int]:
         """A row ``msg_id`` created at ``at`` was taken. Returns the ids of its residue just
@@ -49,7 +64,7 @@ class Interleave:
         if step == 1:
             return []
         if self._all_until is None:
-            self._all_until = at + self.active_for
+            self._all_until = at + self.active_for + STEP_CHECK
         residue = msg_id % step
         before = self._seen.get(residue)
         self._seen[residue] = (msg_id, at) if before is None or msg_id > before[0] else before

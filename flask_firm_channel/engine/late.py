@@ -21,12 +21,10 @@ from sqlalchemy import Table, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from .backends import Dialect
+from .interleave import STEP_CHECK
 from .repair import REPAIR_CHANNEL, repair_record
 
 log = logging.getLogger("flask_firm_channel")
-
-#: Seconds between two reads of the id step (``LateCommits._id_step``).
-STEP_CHECK = 30.0
 
 
 @dataclass(frozen=True)
