@@ -8,6 +8,8 @@ repaired, and ``health()`` counts it."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -153,3 +155,36 @@ def test_created_at_is_taken_after_the_connection_is_made(
         pubsub.close()
         slow.dispose()
         proxy.close()
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mysql"], indirect=True)
+def test_a_repaired_message_comes_before_its_writers_next_one(
+    make_app: Callable[..., Any], backend: str, db_url: str, table_name: str
+) -> None:
+    """The writer of a late commit writes its repair record before its next message; a
+    listener that takes both in one read (it was stopped meanwhile) delivers the repaired
+    message first. (SQLite serialises writers: nothing is late there.)"""
+    app, db, fc = make_app(FIRM_CHANNEL_COMMIT_GRACE=GRACE, FIRM_CHANNEL_AUTO_TRIM=False)
+    other = SubscriberProcess(db_url, table_name, "late", "--commit-grace", str(GRACE))
+    try:
+        with app.app_context():
+            fc.broadcast("late", "warm-up")
+            wait_for(lambda: other.payloads() == ["warm-up"])
+            fc.broadcast("late", "held", session=db.session)
+            db.session.flush()
+            for k in range(3):
+                fc.broadcast("late", f"on time {k}")
+            wait_for(lambda: other.payloads()[-1:] == ["on time 2"])
+            wait_for(lambda: other.health()["open_gaps"] == 0, timeout=10)  # given up
+            os.kill(other.pid, signal.SIGSTOP)
+            try:
+                db.session.commit()  # late: its repair record is written now
+                fc.broadcast("late", "next")
+            finally:
+                os.kill(other.pid, signal.SIGCONT)
+            wait_for(lambda: {"held", "next"} <= set(other.payloads()))
+            assert fc.pubsub().health().repairs == 1
+    finally:
+        other.close()
+    got = other.payloads()
+    assert got == ["warm-up", "on time 0", "on time 1", "on time 2", "held", "next"], got

@@ -32,7 +32,7 @@ from .health import ListenerHealth
 from .history import History
 from .position import LATE, NEW, ReadPosition
 from .reads import BATCH, Range, Reads, Row
-from .repair import REPAIR_HASH, parse_repair
+from .repair import REPAIR_CHANNEL, REPAIR_HASH, parse_repair
 from .subscriptions import Subscriber, SubscriptionRegistry
 
 log = logging.getLogger("flask_firm_channel")
@@ -305,7 +305,26 @@ class Poller:
     ) -> None:
         """Take ``rows`` (read or carried, in the order found) and dispatch each as it is
         taken. ``seen``: the ids the hint read with carried rows; ``settled``: the hint's
-        settled ids (:meth:`WakeHint.settled`) as they were before ``rows`` were read."""
+        settled ids (:meth:`WakeHint.settled`) as they were before ``rows`` were read.
+
+        A repair record is applied before the rows after it are taken: its writer wrote it
+        before its next message, which thus comes after the repaired one."""
+        if len(rows) > 1:
+            start = 0
+            for k in range(len(rows) - 1):
+                if rows[k].channel == REPAIR_CHANNEL:
+                    self._take_part(rows[start : k + 1], seen, settled, carried)
+                    start = k + 1
+            rows = rows[start:]
+        self._take_part(rows, seen, settled, carried)
+
+    def _take_part(
+        self,
+        rows: list[Row],
+        seen: Seen | None,
+        settled: tuple[int, int] | None,
+        carried: bool,
+    ) -> None:
         position, deliver = self.position, self.dispatch.deliver
         hw = position.high_water
         assert hw is not None
