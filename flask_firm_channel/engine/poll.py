@@ -30,10 +30,11 @@ from .dispatch import Dispatcher
 from .forkhold import DriverHold
 from .health import ListenerHealth
 from .history import History
-from .position import LATE, NEW, ReadPosition
+from .position import NEW, ReadPosition
 from .reads import BATCH, Range, Reads, Row
-from .repair import REPAIR_CHANNEL, REPAIR_HASH, parse_repair
-from .subscriptions import Subscriber, SubscriptionRegistry
+from .repair import REPAIR_CHANNEL, REPAIR_HASH
+from .repairing import Repairs
+from .subscriptions import SubscriptionRegistry
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -97,9 +98,8 @@ class Poller:
             now=clock(),
         )
         self.dispatch = Dispatcher(registry, self.position, callbacks, health)
-        self.dispatch.on_repair = self._repair_record
-        #: Repair records taken by the current batch, applied once it is taken.
-        self._repairs: list[tuple[int, int]] = []
+        self.repairs = Repairs(self.position, self.dispatch, self._read, health, clock)
+        self.dispatch.on_repair = self.repairs.record
         self.catch_up = CatchUp(self.position, self.dispatch, self._read, self, health)
         self.history = History(
             reads,
@@ -195,7 +195,7 @@ class Poller:
         self._health.carried += len(rows)
         self._health.last_poll_at = self._clock()
         if self.position.passed.deferred:
-            self._deliver_due()
+            self.repairs.deliver_due()
 
     # -- a read of the table --------------------------------------------------------------
 
@@ -241,7 +241,7 @@ class Poller:
         read += self._read_new(now)
         position.replay_done()
         if position.passed.deferred:
-            self._deliver_due()
+            self.repairs.deliver_due()
         # Only now: a gap is given up once a read that began past its deadline did not find
         # it (a listener held up for longer than the grace still reads it once more).
         position.expire(now)
@@ -336,8 +336,8 @@ class Poller:
                 deliver(row, NEW)
             if position.interleave.step > 1:
                 position.fresh_spans(rows, settled)  # (notes the residues seen)
-            if self._repairs:
-                self._apply_repairs()
+            if self.repairs.taken:
+                self.repairs.apply()
             return
         # Other channels' rows inside the gaps this batch opens are looked up before any
         # dispatch, so a cursor handed out below never lists them as pending.
@@ -345,8 +345,8 @@ class Poller:
         foreign = sorted(self._foreign_ids(fresh, seen)) if fresh else []
         for row, late in position.take(rows, foreign, settled, self._clock(), carried):
             deliver(row, late)
-        if self._repairs:
-            self._apply_repairs()
+        if self.repairs.taken:
+            self.repairs.apply()
 
     def _foreign_ids(self, fresh: list[tuple[int, int]], seen: Seen | None) -> set[int]:
         """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a
@@ -371,54 +371,6 @@ class Poller:
             self._health.rows_read += len(found)
             foreign.update(i for i, h in found if not wanted(h, i))
         return foreign
-
-    # -- late commits (repair.py) ------------------------------------------------------------
-
-    def _repair_record(self, row: Row, only: Subscriber | None) -> None:
-        """A repair record was taken: applied once the batch it came in is taken (live), or
-        now for the subscriber being caught up (``only``)."""
-        late, passed = parse_repair(row.payload)
-        if only is None:
-            self._repairs.extend(late + passed)
-            return
-        # A stream resumed across the record: a late commit below its cursor that it never
-        # had (its listener gave the id up; one that came in time was deferred, pending in
-        # the cursor). Ids passed where writers interleave are repaired live only: whether a
-        # stream had one is not in its cursor (an idle writer's first message, committed
-        # behind a higher id: the moment to resume across its repair lasts milliseconds).
-        resume = only.resume
-        if resume is None:
-            return
-        owed = [
-            (i, h)
-            for i, h in late
-            if h in only.hashes
-            and i <= resume.high
-            and not any(a <= i <= b for a, b in resume.gaps)
-        ]
-        for found in self._rows_by_id(owed):
-            self.dispatch.deliver_to(only, found)
-
-    def _apply_repairs(self) -> None:
-        late, self._repairs = self._repairs, []
-        deferred, parked = self.position.passed.repair(late, self.position.followed)
-        found = deferred + self._rows_by_id(parked)
-        for row in sorted(found):
-            self.position.fill(row.id)  # (a gap opened for it since is settled too)
-            self.dispatch.deliver(row, LATE)
-        if found:
-            self._health.repaired += len(found)
-
-    def _deliver_due(self) -> None:
-        """Deferred rows no repair named within a grace: delivered now."""
-        for row in self.position.passed.due(self._clock()):
-            self.position.fill(row.id)
-            self.dispatch.deliver(row, LATE)
-
-    def _rows_by_id(self, ids: list[tuple[int, int]]) -> list[Row]:
-        if not ids:
-            return []
-        return self._read([Range((h,), i - 1, i) for i, h in ids], limit=None)
 
     # -- around the reads -----------------------------------------------------------------
 
