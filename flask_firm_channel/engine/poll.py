@@ -307,24 +307,10 @@ class Poller:
         taken. ``seen``: the ids the hint read with carried rows; ``settled``: the hint's
         settled ids (:meth:`WakeHint.settled`) as they were before ``rows`` were read.
 
-        A repair record is applied before the rows after it are taken: its writer wrote it
-        before its next message, which thus comes after the repaired one."""
-        if len(rows) > 1:
-            start = 0
-            for k in range(len(rows) - 1):
-                if rows[k].channel == REPAIR_CHANNEL:
-                    self._take_part(rows[start : k + 1], seen, settled, carried)
-                    start = k + 1
-            rows = rows[start:]
-        self._take_part(rows, seen, settled, carried)
-
-    def _take_part(
-        self,
-        rows: list[Row],
-        seen: Seen | None,
-        settled: tuple[int, int] | None,
-        carried: bool,
-    ) -> None:
+        A repair record is applied before the rows after it are taken (:meth:`_take_apart`)."""
+        if len(rows) > 1 and any(row.channel == REPAIR_CHANNEL for row in rows[:-1]):
+            self._take_apart(rows, seen, settled, carried)
+            return
         position, deliver = self.position, self.dispatch.deliver
         hw = position.high_water
         assert hw is not None
@@ -347,6 +333,23 @@ class Poller:
             deliver(row, late)
         if self.repairs.taken:
             self.repairs.apply()
+
+    def _take_apart(
+        self,
+        rows: list[Row],
+        seen: Seen | None,
+        settled: tuple[int, int] | None,
+        carried: bool,
+    ) -> None:
+        """:meth:`_take` ``rows`` in parts that each end with a repair record, so the record
+        is applied before the rows after it: its writer wrote it before its next message,
+        which thus comes after the repaired one."""
+        start = 0
+        for k in range(len(rows) - 1):
+            if rows[k].channel == REPAIR_CHANNEL:
+                self._take(rows[start : k + 1], seen, settled, carried=carried)
+                start = k + 1
+        self._take(rows[start:], seen, settled, carried=carried)
 
     def _foreign_ids(self, fresh: list[tuple[int, int]], seen: Seen | None) -> set[int]:
         """The ids in ``fresh`` gaps that are other channels' rows: settled for good, since a

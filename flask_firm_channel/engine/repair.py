@@ -8,9 +8,9 @@ it can: it knows when it inserted and when its commit returned. So when a commit
 engine's comes back later than the grace (``broadcast(session=...)`` through the after-commit
 hook, ``broadcast_many``, a ``broadcast`` whose INSERT a stalled cluster held), that process
 writes a *repair record*: a row on an internal channel naming the late ids and their channel
-hashes. Every listener follows that channel (where commits can be late), so the record travels like any message (in a
-NOTIFY, through the MariaDB wait, to resumed streams), and each listener delivers the late
-rows it had given up (``repairing.py``), once.
+hashes. Every listener follows that channel (wherever commits can be late), so the record
+travels like any message (in a NOTIFY, through the MariaDB wait, to resumed streams), and each
+listener delivers the late rows it had given up (``repairing.py``), once.
 
 What the grace still bounds: commits the engine cannot see, a process killed between its
 COMMIT and the check after it, rows written by other programs (``docs/guarantees.md``).
