@@ -110,6 +110,9 @@ def test_async_lost_tail_every_new_message_once_loss_reported_and_no_id_reused(
     # Once the loss is known, no id names two messages.
     assert min(later_ids) > max(lost_ids + new_ids)
     assert kept_ids == list(range(1, 6))
+    # The CLI on the same multi-host URL reaches the new primary.
+    stats = world.app.app.test_cli_runner().invoke(args=["firm-channel", "stats"])
+    assert stats.exit_code == 0 and CHANNEL in stats.output, stats.output
     print(f"delivering again {delivering_again:.2f} s after the promotion")
     assert delivering_again < 10
 
