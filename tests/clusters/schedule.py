@@ -17,16 +17,21 @@ The deployment (:class:`Deployment`):
 
 The faults (:data:`KINDS`), each healed before the next: kill -9 of the leader's Patroni and
 postmaster (the replica is promoted once the leader key expires, ~20 s; the killed node is
-started again and rejoins), ``patronictl switchover``, every connection of the ``proxied``
-process reset, its LISTEN connection black-holed (no reset: the listener must notice the
-silence), a listening process SIGKILLed and started again, PgBouncer SIGKILLed and started
-again. After each, the time until every consumer delivers a message sent after the fault.
+started again and rejoins); the leader crashed with the replica behind (its WAL sender stopped
+for 0.5-3 s of load, then every process of the node killed at once, as a machine that loses
+power: asynchronous replication loses the leader's last commits, acknowledged ones included;
+synchronous replication holds them back unacknowledged instead); ``patronictl switchover``;
+every connection of the ``proxied`` process reset; its LISTEN connection black-holed (no
+reset: the listener must notice the silence); a listening process SIGKILLed and started
+again; PgBouncer SIGKILLed and started again. After each, the time until every consumer
+delivers a message sent after the fault's own recovery.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import sqlalchemy as sa
 
 from flask_firm_channel import message_table
@@ -43,15 +49,17 @@ from flask_firm_channel import message_table
 from ..pgbouncer import PgBouncer
 from ..tcp_proxy import BlackHoleProxy
 from .actors import Broadcaster, InProcessApp, ListeningProcess, ResumingSSE, sent_at
+from .base import pid_alive, signal_pid, wait_until
 from .checker import Consumer, Delivery, Listener, Verdict, check
 from .haproxy import HAProxy
-from .patroni import TTL, PatroniCluster
+from .patroni import TTL, PatroniCluster, PatroniNode
 from .pgpair import USER, multi_host_url
 
 CHANNELS = ("alpha", "beta", "gamma")
 #: The faults the scheduler picks from.
 KINDS = (
     "kill -9 of the leader",
+    "leader crashed, replica behind",
     "switchover",
     "listener's connections reset",
     "listener's LISTEN black-holed",
@@ -256,10 +264,22 @@ class Deployment:
         times until every consumer delivers again are filled by :meth:`wait_delivering`)."""
         cluster = self.cluster
         at = time.time()
-        if kind == "kill -9 of the leader":
-            old = cluster.crash_leader()
+        if kind in ("kill -9 of the leader", "leader crashed, replica behind"):
+            detail = ""
+            if kind == "leader crashed, replica behind":
+                old = cluster.leader()
+                sender = wal_sender_pid(old)
+                signal_pid(sender, signal.SIGSTOP)
+                behind = self.rng.uniform(0.5, 3.0)
+                time.sleep(behind)  # the schedule: how long the replica falls behind
+                at = time.time()
+                crash(old)
+                detail = f" ({behind:.1f} s behind)"
+            else:
+                old = cluster.crash_leader()
             new = cluster.wait_leader(not_name=old.name, timeout=TTL + 60)
-            fault = Fault(kind, f"{old.name} killed, {new.name} leads", at, ready=time.time())
+            detail = f"{old.name} killed, {new.name} leads{detail}"
+            fault = Fault(kind, detail, at, ready=time.time())
             cluster.restart(old)
         elif kind == "switchover":
             old = cluster.leader()
@@ -386,6 +406,28 @@ class Deployment:
                 out[proc.current.label] = {k: got[k] for k in ("history_changes", "lost_messages")}
         return out
 
+    def history(self, held: dict[str, tuple[int, str]], faults: list[Fault]) -> dict[str, Any]:
+        """Everything the checker read, and the listeners' log records, as plain data (kept
+        in a file when the checker finds something, to study)."""
+        logs = {"app": self.app.logs.records}
+        for proc in self.listening.values():
+            for life in proc.lives:
+                logs[life.label] = life.logs
+        return {
+            "faults": [f.summary() for f in faults],
+            "attempts": [a.__dict__ for b in self.broadcasters for a in b.attempts],
+            "consumers": [
+                {**c.__dict__, "channels": sorted(c.channels),
+                 "deliveries": [d.__dict__ for d in c.deliveries]}
+                for c in self.consumers()
+            ],
+            "sse_connections": {
+                c.name: {"opened": c.opened, "closed": c.closed} for c in self.sse
+            },
+            "logs": logs,
+            "held": held,
+        }  # fmt: skip
+
     def logs(self, tail: int = 4000) -> str:
         """The listening processes' stderr, for a failure's message."""
         parts = []
@@ -403,6 +445,49 @@ class Deployment:
         self.closers.clear()
         if errors:
             raise errors[0]
+
+
+def crash(node: PatroniNode) -> None:
+    """``node`` as a machine that loses power: its Patroni, its postmaster and every process
+    of that postmaster stopped at once (SIGSTOP: none of them sends, commits or answers
+    anything more), then SIGKILLed. (A kill -9 of the postmaster alone leaves its backends
+    and WAL sender running until they notice, and the WAL sender sends what it has.)"""
+    postmaster = node.postmaster_pid()
+    family = [postmaster, *children(postmaster)] if postmaster is not None else []
+    if node.daemon is not None:
+        signal_pid(node.daemon.pid, signal.SIGSTOP)
+    for pid in family:
+        signal_pid(pid, signal.SIGSTOP)
+    node.kill()
+    for pid in family:
+        signal_pid(pid, signal.SIGKILL)
+    wait_until(lambda: not any(pid_alive(p) for p in family), 30, f"{node.name} to be gone")
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def wal_sender_pid(leader: PatroniNode) -> int:
+    """The pid of the WAL sender that streams from ``leader`` to its replica. (Stopping it
+    keeps the WAL on the leader: stopping the replica's receiver would not, since what was
+    sent waits in the kernel's socket buffers and is read after the leader died.)"""
+    with psycopg.connect(
+        host="127.0.0.1", port=leader.pg_port, user=USER, dbname="postgres", autocommit=True
+    ) as conn:
+        row = conn.execute("SELECT pid FROM pg_stat_replication").fetchone()
+    if row is None:
+        raise RuntimeError(f"{leader.name} streams to no replica")
+    return int(row[0])
 
 
 def faults_by_kind(faults: list[Fault]) -> dict[str, int]:
