@@ -321,7 +321,7 @@ def render_schedule(records: list[dict[str, Any]]) -> list[str]:
         )  # fmt: skip
         lines += ["", "The faults in order.", ""]
         lines += table(
-            ["at (s)", "fault", "", "down (s)", "delivering again (s)", "broadcasting again (s)"],
+            ["at (s)", "fault", "detail", "down (s)", "delivering again (s)", "broadcasting again (s)"],
             [[f["at"], f["kind"], f["detail"] or "-", f["ready_s"], f["delivering_again_s"],
               f["broadcasting_again_s"]] for f in s["faults"]],
         )  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel.engine.backends.base.wake import WakeHint
@@ -209,3 +210,31 @@ def test_a_stream_resumed_before_the_loss_is_found_is_not_caught_up_past_new_row
     model.poll()
     assert sorted(ids(resumed)) == later + early
     assert len(notices) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="catchup.py starts a stream resumed from a lost message at the first row created "
+    "after it (reads.first_id_since orders by created_at), not at the lowest id created after "
+    "it: a message created early and committed late (a broadcast that waited in a pooler's "
+    "queue through the failover) moves the start past newer messages with lower ids",
+)
+def test_a_stream_resumed_after_the_loss_is_found_gets_the_new_history() -> None:
+    """A client comes back with the cursor of a message the new primary gave to another
+    message, after the listener found the loss; one message of the new history was created
+    before the others but got a higher id. It gets every message after the point where the
+    histories part."""
+    model = Model()
+    live, _ = model.subscribe()
+    model.poll()
+    for k in range(10):
+        model.broadcast(1, START + 1 + k / 10)
+    model.poll()
+    model.now = START + 30
+    model.reads.fail_over(keep=5, next_id=6)
+    later = model.broadcast(3, START + 31)  # 6..8
+    early = model.broadcast(1, START + 2)  # 9, created before 6..8
+    model.poll()  # the listener finds the loss
+    resumed, _ = model.subscribe(after=live[9].cursor)
+    model.poll()
+    assert sorted(ids(resumed)) == later + early

@@ -49,7 +49,7 @@ from flask_firm_channel import message_table
 from ..pgbouncer import PgBouncer
 from ..tcp_proxy import BlackHoleProxy
 from .actors import Broadcaster, InProcessApp, ListeningProcess, ResumingSSE, sent_at
-from .base import pid_alive, signal_pid, wait_until
+from .base import log_tail, pid_alive, signal_pid, wait_until
 from .checker import Consumer, Delivery, Listener, Verdict, check
 from .haproxy import HAProxy
 from .patroni import TTL, PatroniCluster, PatroniNode
@@ -84,6 +84,9 @@ class Fault:
     delivering_again: dict[str, float | None] = field(default_factory=dict)
     #: Seconds from ``ready`` until a broadcast started after it was acknowledged.
     broadcasting_again: float | None = None
+    #: Consumers that had nothing to deliver when the wait ended (nothing acknowledged on
+    #: their channels since ``ready``).
+    nothing_owed: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         times = [t for t in self.delivering_again.values() if t is not None]
@@ -94,7 +97,12 @@ class Fault:
             "ready_s": round(self.ready - self.at, 2),
             "healed_s": round(self.healed - self.at, 2),
             "delivering_again_s": round(max(times), 2) if times else None,
-            "not_delivering": sorted(k for k, v in self.delivering_again.items() if v is None),
+            "not_delivering": sorted(
+                k
+                for k, v in self.delivering_again.items()
+                if v is None and k not in self.nothing_owed
+            ),
+            "nothing_owed": self.nothing_owed,
             "delivering_again_by_consumer": {
                 k: None if v is None else round(v, 2) for k, v in self.delivering_again.items()
             },
@@ -227,6 +235,15 @@ class Deployment:
         ]
         return min(ends) - at if ends else None
 
+    def acknowledged_channels(self, since: float) -> set[str]:
+        """The channels with a broadcast started after ``since`` and acknowledged."""
+        return {
+            a.channel
+            for b in self.broadcasters
+            for a in b.attempts[-5000:]
+            if a.started >= since and a.id is not None
+        }
+
     def wait_delivering(
         self, fault: Fault, marks: dict[str, tuple[list[Delivery], int]], within: float
     ) -> None:
@@ -254,6 +271,14 @@ class Deployment:
             if fault.broadcasting_again is None:
                 fault.broadcasting_again = self.acknowledged_after(since)
             if not pending or time.monotonic() > deadline:
+                # Late but not at fault: nothing was acknowledged on its channels since (their
+                # broadcasters all go through a pooler that is down, say).
+                owed = self.acknowledged_channels(since)
+                fault.nothing_owed = sorted(
+                    name
+                    for name, (_, channels, _) in self.feeds().items()
+                    if fault.delivering_again.get(name) is None and not owed & set(channels)
+                )
                 return
             time.sleep(0.1)
 
@@ -425,15 +450,20 @@ class Deployment:
                 c.name: {"opened": c.opened, "closed": c.closed} for c in self.sse
             },
             "logs": logs,
+            "server_logs": self.logs(200_000),
             "held": held,
         }  # fmt: skip
 
     def logs(self, tail: int = 4000) -> str:
-        """The listening processes' stderr, for a failure's message."""
-        parts = []
-        for path in sorted(self.log_dir.glob("*.log")):
-            parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-tail:]}")
-        return "\n".join(parts)
+        """The listening processes' stderr, PgBouncer's, HAProxy's and Patroni's logs (their
+        ends), for a failure's message."""
+        paths = [
+            *sorted(self.log_dir.glob("*.log")),
+            self.pgbouncer.log,
+            self.haproxy.log,
+            *(n.log for n in self.cluster.nodes),
+        ]
+        return "\n".join(log_tail(path, tail) for path in paths)
 
     def close(self) -> None:
         errors = []

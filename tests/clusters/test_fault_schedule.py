@@ -29,6 +29,9 @@ from typing import Any
 import pytest
 
 from ..fault_support import record
+from ..pgbouncer import available as pgbouncer_missing
+from .base import missing_programs, require_programs
+from .haproxy import HAPROXY
 from .patroni import PatroniCluster
 from .schedule import KINDS, Deployment, Fault, faults_by_kind
 
@@ -44,6 +47,8 @@ def schedule_seed() -> int:
 
 @pytest.fixture
 def deploy(make_patroni: Callable[..., PatroniCluster]) -> Iterator[Callable[..., Deployment]]:
+    require_programs(missing_programs(HAPROXY), "apt-get install haproxy")
+    require_programs(pgbouncer_missing(), "apt-get install pgbouncer")
     made: list[Deployment] = []
 
     def make(synchronous: bool, seed: int) -> Deployment:
@@ -75,7 +80,7 @@ def run_schedule(
     verdict = deployment.verdict(held)
     problems = verdict.problems()
     for fault in faults:
-        late = [k for k, v in fault.delivering_again.items() if v is None]
+        late = fault.summary()["not_delivering"]
         if late:
             problems.append(
                 f"{fault.kind} ({fault.detail}) at +{fault.at - started:.1f} s: not delivering "
