@@ -278,7 +278,8 @@ def render_schedule(records: list[dict[str, Any]]) -> list[str]:
             "",
             f"### {s['duration_s'] / 60:g} minutes, {mode} replication, seed {s['seed']}",
             "",
-            f"{len(s['faults'])} faults in {s['wall_s']:.0f} s; "
+            (f"Run of {s['date']}: " if "date" in s else "")
+            + f"{len(s['faults'])} faults in {s['wall_s']:.0f} s; "
             f"checker: {len(s['problems'])} problems"
             + ("." if not s["problems"] else ": " + "; ".join(s["problems"][:5]) + "."),
             "",
@@ -296,10 +297,14 @@ def render_schedule(records: list[dict[str, Any]]) -> list[str]:
                         if f["broadcasting_again_s"] is not None])]
              for kind, fs in sorted(by_kind.items())],
         )  # fmt: skip
-        lines += ["", "Messages: what was broadcast, and what the final leader holds.", ""]
+        lines += ["", "Messages: what was broadcast, and what the final leader holds. (An id given",
+                  "to a second message was handed out again by a new leader before a listener",
+                  "found the loss and moved the ids past it; the checker fails one handed out",
+                  "after.)", ""]  # fmt: skip
         lines += table(
             ["broadcasts", "acknowledged", "failed", "failed but committed",
-             "acknowledged and lost", "held by the final leader", "ids that named two messages"],
+             "acknowledged and lost", "held by the final leader",
+             "ids given to a second message"],
             [[s["attempts"], s["acknowledged"], s["failed"], s["failed_but_held"],
               s["acknowledged_lost"], s["held"], s["ids_reused"]]],
         )  # fmt: skip
@@ -321,7 +326,8 @@ def render_schedule(records: list[dict[str, Any]]) -> list[str]:
         )  # fmt: skip
         lines += ["", "The faults in order.", ""]
         lines += table(
-            ["at (s)", "fault", "detail", "down (s)", "delivering again (s)", "broadcasting again (s)"],
+            ["at (s)", "fault", "detail", "down (s)", "delivering again (s)",
+             "broadcasting again (s)"],
             [[f["at"], f["kind"], f["detail"] or "-", f["ready_s"], f["delivering_again_s"],
               f["broadcasting_again_s"]] for f in s["faults"]],
         )  # fmt: skip
@@ -355,7 +361,10 @@ def schedule_only(args: argparse.Namespace) -> int:
             code, _ = run_tests(args.long, record, Path(tmp) / "junit.xml", [SCHEDULE_FILE])
             records = [json.loads(line) for line in record.read_text().splitlines() if line]
     out = Path(args.out)
-    out.write_text(splice_schedule(out.read_text(), render_schedule(records)))
+    info = machine_info()
+    section = render_schedule(records)
+    section[1:1] = ["", f"On {info['cpu']} ({info['cores']} cores), Python {info['python']}."]
+    out.write_text(splice_schedule(out.read_text(), section))
     print(f"wrote the fault schedule section of {out} ({len(records)} runs)")
     return code
 

@@ -89,7 +89,9 @@ def run_schedule(
     record(
         f"fault schedule {mode} {duration:g} s",
         "postgresql",
-        schedule=summary(seed, synchronous, duration, wall, started, faults, verdict, health),
+        schedule=summary(
+            seed, synchronous, duration, wall, started, faults, verdict, health, problems
+        ),
         drain_s=round(drain, 1),
     )
     print(report(seed, started, faults, verdict))
@@ -109,6 +111,10 @@ def run_schedule(
     )
 
 
+def deployment_pooler_restarts(faults: list[Fault]) -> int:
+    return sum(1 for f in faults if "PgBouncer stopped answering" in f.detail)
+
+
 def summary(
     seed: int,
     synchronous: bool,
@@ -118,6 +124,7 @@ def summary(
     faults: list[Fault],
     verdict: Any,
     health: dict[str, Any],
+    problems: list[str],
 ) -> dict[str, Any]:
     faults_out = []
     for fault in faults:
@@ -125,6 +132,7 @@ def summary(
         row["at"] = round(row["at"] - started, 1)
         faults_out.append(row)
     return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "seed": seed,
         "synchronous": synchronous,
         "duration_s": duration,
@@ -150,7 +158,8 @@ def summary(
             for lst in verdict.listeners
         ],
         "health": health,
-        "problems": verdict.problems()[:20],
+        "pooler_restarts": deployment_pooler_restarts(faults),
+        "problems": problems[:20],
     }
 
 
