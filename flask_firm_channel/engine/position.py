@@ -429,7 +429,8 @@ class ReadPosition:
         without the last commits) and may have given their ids to other rows: read again from
         there. ``kept``: rows above ``parting`` taken before and still held, by id, which
         are not taken again. A subscriber anchored above ``parting`` gets what the database
-        now holds above it, except rows it had, or created before it subscribed."""
+        now holds above it, except rows it had, or created before it subscribed (see
+        :func:`_had_until`); one resumed from a cursor resumes from ``parting``."""
         high_water = self.high_water or 0
         self.high_water = parting
         self.gaps.clear()
