@@ -223,6 +223,11 @@ def _seconds(values: list[float]) -> str:
     return f"{ordered[len(ordered) // 2]:.1f} / {ordered[-1]:.1f}"
 
 
+def minutes(seconds: float) -> str:
+    n = seconds / 60
+    return f"{n:g} minute" + ("" if n == 1 else "s")
+
+
 def render_schedule(records: list[dict[str, Any]]) -> list[str]:
     """The "Fault schedule" section: per run, its seed, faults and the checker's results."""
     runs = sorted(
@@ -276,14 +281,17 @@ def render_schedule(records: list[dict[str, Any]]) -> list[str]:
         mode = "synchronous" if s["synchronous"] else "asynchronous"
         lines += [
             "",
-            f"### {s['duration_s'] / 60:g} minutes, {mode} replication, seed {s['seed']}",
+            f"### {minutes(s['duration_s'])}, {mode} replication, seed {s['seed']}",
             "",
             (f"Run of {s['date']}: " if "date" in s else "")
             + f"{len(s['faults'])} faults in {s['wall_s']:.0f} s; "
-            f"checker: {len(s['problems'])} problems"
-            + ("." if not s["problems"] else ": " + "; ".join(s["problems"][:5]) + "."),
+            f"the checker found {len(s['problems']) or 'no'} "
+            f"problem{'' if len(s['problems']) == 1 else 's'}"
+            + ("." if not s["problems"] else ":"),
             "",
         ]
+        if s["problems"]:
+            lines += [f"- {p}" for p in s["problems"][:10]] + [""]
         by_kind: dict[str, list[dict[str, Any]]] = {}
         for f in s["faults"]:
             by_kind.setdefault(f["kind"], []).append(f)
