@@ -1,11 +1,13 @@
 """A real TCP proxy for tests: a thread between a client and a database server that can
 slow down new connections, leave them unanswered, silently stop forwarding (a proxy or NAT
-dropping a connection without a reset), or cut a connection as a statement goes out on it."""
+dropping a connection without a reset), reset every connection at once, or cut a connection as
+a statement goes out on it."""
 
 from __future__ import annotations
 
 import selectors
 import socket
+import struct
 import threading
 import time
 
@@ -34,6 +36,8 @@ class BlackHoleProxy:
         self._clients: set[socket.socket] = set()
         self._holed: list[socket.socket] = []
         self._hole = threading.Event()
+        self._reset = threading.Event()
+        self._reset_count = 0
         self._cut = threading.Event()
         #: While set, new connections are accepted and then left unanswered (a server or
         #: network that does not answer a connect); :meth:`let_held_through` forwards them.
@@ -53,6 +57,15 @@ class BlackHoleProxy:
         wait_for(lambda: not self._hole.is_set())
         return len(self._holed) // 2
 
+    def reset_all(self) -> int:
+        """Reset every forwarded connection open now, both ways (an abortive close: the
+        client and the server each see the connection reset, as when a firewall or a NAT
+        drops it and answers with RST); return how many. The black-holed ones stay as they
+        are."""
+        self._reset.set()
+        wait_for(lambda: not self._reset.is_set())
+        return self._reset_count
+
     def let_held_through(self) -> None:
         """Stop holding new connections and forward the held ones from now on (what their
         clients sent meanwhile reaches the server)."""
@@ -61,7 +74,13 @@ class BlackHoleProxy:
         wait_for(lambda: not self._let_through.is_set())
 
     def _connect_upstream(self, client: socket.socket) -> None:
-        upstream = socket.create_connection(self.target)
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            # The server is down: the client sees its connection closed, as without a proxy
+            # it would see the connect refused.
+            client.close()
+            return
         self._peers[client], self._peers[upstream] = upstream, client
         self._clients.add(client)
         self._sel.register(client, selectors.EVENT_READ)
@@ -87,6 +106,21 @@ class BlackHoleProxy:
                         self._holed.append(sock)
                     self._listening.discard(client)
                 self._hole.clear()
+            if self._reset.is_set():
+                self._reset_count = 0
+                for client in list(self._clients):
+                    if client.fileno() == -1 or client in self._holed:
+                        continue
+                    self._reset_count += 1
+                    for sock in (client, self._peers[client]):
+                        self._sel.unregister(sock)
+                        sock.setsockopt(
+                            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                        )
+                        sock.close()
+                    self._listening.discard(client)
+                    self._clients.discard(client)
+                self._reset.clear()
             if self._let_through.is_set():
                 held, self.held = self.held, []
                 for client in held:

@@ -23,8 +23,8 @@ README = ROOT / "README.md"
 pytestmark = pytest.mark.slow
 
 #: ``FIRM_CHANNEL_*`` names the docs may use that are not config keys: the test suite's
-#: environment variables.
-_NOT_KEYS = re.compile(r"FIRM_CHANNEL_TEST_\w+")
+#: environment variables (the fault schedule's seed among them).
+_NOT_KEYS = re.compile(r"FIRM_CHANNEL_(?:TEST_\w+|FAULT_SEED)")
 #: A key's name (not a prefix such as ``FIRM_CHANNEL_SSE_*``).
 _KEY = re.compile(r"(?<![A-Za-z0-9_])FIRM_CHANNEL_[A-Z0-9_]*[A-Z0-9](?![A-Za-z0-9_*])")
 

@@ -6,8 +6,9 @@ delivered already, and its sequence may hand their ids out again, to other messa
 listener keeps the id and ``created_at`` of the rows it took last (``ReadPosition.recent``)
 and checks them against the database:
 
-- on every new read connection, when the server's history marker changed (PostgreSQL's
-  timeline: a promotion starts a new one);
+- on every new connection, the reads' or the wake hint's (reads through a pooler keep their
+  connection to it while the server behind it changes), when the server's history marker
+  changed (PostgreSQL's timeline: a promotion starts a new one);
 - now and then while idle, when the newest row it took is gone or another row has its id.
 
 Rows the database no longer holds as they were are *lost*. Then, once per event: an ERROR
@@ -69,13 +70,16 @@ class History:
         #: The server's history marker, as the last connection that had one read it.
         self.marker: object = None
 
-    def after_connect(self) -> bool:
-        """A new read connection: if its server's history marker is not the one before, check
-        what was delivered. True if messages were lost (the position went back)."""
+    def after_connect(self) -> bool | None:
+        """A new connection (the reads', or the wake hint's when the reads go through a
+        pooler and keep theirs while the server behind it changes): if the server's history
+        marker is not the one before, check what was delivered. True if messages were lost
+        (the position went back); None if the server named no history (a backend without a
+        marker, or a standby: a promotion not finished yet), to be asked again."""
         with self._busy.lock:
             marker = self._reads.history_marker()
         if marker is None:
-            return False  # no marker here, or a standby: the primary's is compared later
+            return None
         before, self.marker = self.marker, marker
         if before is None or marker == before:
             return False
@@ -106,7 +110,8 @@ class History:
         rows is left was emptied or replaced, and the caller starts again from zero
         (``ReadPosition.went_backwards``)."""
         position = self.position
-        recent = sorted(position.recent)
+        # Distinct: a resumed subscriber's catch-up takes again rows the listener took before.
+        recent = sorted(set(position.recent))
         if not recent:
             return False
         with self._busy.lock:

@@ -127,6 +127,11 @@ class Poller:
         self._hinted: frozenset[int] | None = None
         self._last_reset_check = 0.0
         self._step_check_at = 0.0
+        #: The wake hint's reconnects when the server's history marker was last compared.
+        self._hint_reconnects = 0
+        #: The server's history marker is to be compared before the next read: a connection
+        #: is new, and no server has named its history on it yet.
+        self._marker_due = False
 
     def resume_from(self, previous: Poller) -> None:
         """Go on from ``previous``'s read position (a forked child, see ``Listener``)."""
@@ -204,8 +209,16 @@ class Poller:
         self.forget_coverage()
         with self._busy.lock:
             connected = self.reads.connect_if_needed()
-        if connected:
-            self.history.after_connect()  # (a failover that lost messages moves the position)
+        # A new connection of the hint's (LISTEN, direct) while the reads keep theirs (to a
+        # pooler) may be to another server too.
+        if connected or self._hint.reconnects != self._hint_reconnects:
+            self._hint_reconnects = self._hint.reconnects
+            self._marker_due = True
+        if self._marker_due:
+            # (A failover that lost messages moves the position.) Asked again while the
+            # server names no history, a promotion under way, if it ever named one here.
+            found = self.history.after_connect()
+            self._marker_due = found is None and self.history.marker is not None
         now = self._clock()
         if connected or now >= self._step_check_at:
             interleave = self.position.interleave
@@ -403,7 +416,9 @@ class Poller:
             reason = f"the table went backwards (max id {max_id} < {high_water})"
         else:
             return
-        if self.history.check(reason):
+        # A failover the connections did not show (reads through a pooler, no LISTEN of
+        # their own): then every row gone is lost, however old.
+        if self.history.after_connect() or self.history.check(reason):
             self.more = True  # read again at once, from where the histories part
             return
         log.warning(

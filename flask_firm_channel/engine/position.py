@@ -39,8 +39,9 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from .cursor import Cursor
 from .gaps import GapList
 from .interleave import Interleave
 from .owed import Owed, Pending
@@ -54,6 +55,8 @@ MAX_GAP_RANGES = 32
 #: The rows taken most recently that the position remembers, to check that the database still
 #: holds them (``history.py``).
 RECENT = 4096
+
+_EPOCH = datetime(1970, 1, 1)
 
 #: What a row is to the position once taken: above the high-water mark (``NEW``), filling a
 #: gap (``LATE``), or an id already passed without a gap (``SEEN``: only a resumed
@@ -428,7 +431,8 @@ class ReadPosition:
         without the last commits) and may have given their ids to other rows: read again from
         there. ``kept``: rows above ``parting`` taken before and still held, by id, which
         are not taken again. A subscriber anchored above ``parting`` gets what the database
-        now holds above it, except rows it had, or created before it subscribed."""
+        now holds above it, except rows it had, or created before it subscribed (see
+        :func:`_had_until`); one resumed from a cursor resumes from ``parting``."""
         self.replayed = dict(kept)
         self.replayed_until = max(self.high_water or 0, max(kept, default=0))
         self._start_over(parting)
@@ -437,8 +441,17 @@ class ReadPosition:
         )
         for sub in subs:
             if sub.anchor is not None and sub.anchor > parting:
-                sub.created_floor = (sub.since, sub.anchor)
+                had = _had_until(sub)
+                if had is not None:
+                    sub.created_floor = (had, sub.anchor)
                 sub.anchor = parting
+                if sub.resume is not None:
+                    # Resumed from the old history: from where the histories part now. (Its
+                    # catch-up would otherwise judge its cursor again, against a table whose
+                    # rows' creation times need not follow their ids.)
+                    gaps = [(a, min(b, parting)) for a, b in sub.resume.gaps if a <= parting]
+                    sub.resume = Cursor.of(parting, gaps)
+        self.anchor_epoch += 1
 
     def replay_done(self) -> None:
         """Forget :attr:`replayed` once the high-water mark has passed it."""
@@ -463,3 +476,17 @@ class ReadPosition:
         other.passed = self.passed.copy()
         other.replayed, other.replayed_until = dict(self.replayed), self.replayed_until
         return other
+
+
+def _had_until(sub: Subscriber) -> datetime | None:
+    """The newest ``created_at`` of the history ``sub`` had when the database lost some of
+    it, or None if that is not known: when it subscribed ("from now on"), or, for one resumed
+    from a stamped cursor, when the message of the cursor was created (messages of the new
+    history with lower ids may be newer than its subscription). A plain cursor says nothing:
+    rows it had and the database still holds are not taken again anyway (``replayed``)."""
+    resume = sub.resume
+    if resume is None:
+        return sub.since
+    if resume.last is None:
+        return None
+    return _EPOCH + timedelta(microseconds=resume.last[1])

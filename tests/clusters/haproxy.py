@@ -33,8 +33,12 @@ class HAProxy:
         check_ms: int = 200,
         fall: int = 2,
         rise: int = 2,
+        http_check: str | None = None,
+        check_ports: Sequence[int] | None = None,
     ) -> None:
         self.servers = list(servers)
+        self.http_check = http_check
+        self.check_ports = list(check_ports) if check_ports is not None else None
         self.user = user
         self.root = work_dir("fc-haproxy-", user)
         self.port, self.stats_port = free_ports(2)
@@ -61,10 +65,20 @@ class HAProxy:
             "    balance first",
             "    option tcplog",
         ]
+        if self.http_check is not None:
+            lines += [
+                "    option httpchk",
+                f"    http-check send meth GET uri {self.http_check}",
+                "    http-check expect status 200",
+            ]
         for server_id, (name, port) in enumerate(self.servers, start=1):
+            check_port = (
+                f" port {self.check_ports[server_id - 1]}" if self.check_ports is not None else ""
+            )
             lines.append(
-                f"    server {name} 127.0.0.1:{port} id {server_id} check inter {self.check_ms}"
-                f" fall {self.fall} rise {self.rise} on-marked-down shutdown-sessions"
+                f"    server {name} 127.0.0.1:{port} id {server_id} check{check_port}"
+                f" inter {self.check_ms} fall {self.fall} rise {self.rise}"
+                " on-marked-down shutdown-sessions"
             )
         return "\n".join(lines) + "\n"
 
