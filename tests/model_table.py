@@ -129,8 +129,9 @@ class ModelTable:
         return visible[0].id if visible else None
 
     def first_id_since(self, since: datetime) -> int | None:
-        later = [r for r in self._visible() if at(r.created) >= since]
-        return min(later, key=lambda r: (r.created, r.id)).id if later else None
+        # As the engine's statement: the lowest id of the rows created at or after it.
+        later = [r.id for r in self._visible() if at(r.created) >= since]
+        return min(later) if later else None
 
     def close(self) -> None:
         pass

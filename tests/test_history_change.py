@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pytest
 import sqlalchemy as sa
 
 from flask_firm_channel.engine.backends.base.wake import WakeHint
@@ -212,13 +211,6 @@ def test_a_stream_resumed_before_the_loss_is_found_is_not_caught_up_past_new_row
     assert len(notices) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="catchup.py starts a stream resumed from a lost message at the first row created "
-    "after it (reads.first_id_since orders by created_at), not at the lowest id created after "
-    "it: a message created early and committed late (a broadcast that waited in a pooler's "
-    "queue through the failover) moves the start past newer messages with lower ids",
-)
 def test_a_stream_resumed_after_the_loss_is_found_gets_the_new_history() -> None:
     """A client comes back with the cursor of a message the new primary gave to another
     message, after the listener found the loss; one message of the new history was created

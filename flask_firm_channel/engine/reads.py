@@ -107,12 +107,13 @@ class Reads:
         (self._created_of,) = result_processors(engine, [table.c.created_at.type])
         self._max_id = Compiled(select(func.max(t.c.id)), engine)
         self._min_id = Compiled(select(func.min(t.c.id)), engine)
-        # The first row created at or after a moment, by the created_at index.
+        # The lowest id of the rows created at or after a moment (the created_at index's
+        # range from it: asked after a failover, of a moment just before it). Not the first
+        # row by created_at: a row created early may commit late, with a higher id.
         self._first_since = Compiled(
-            select(t.c.id)
-            .where(t.c.created_at >= bindparam("since", type_=t.c.created_at.type))
-            .order_by(t.c.created_at, t.c.id)
-            .limit(1),
+            select(func.min(t.c.id)).where(
+                t.c.created_at >= bindparam("since", type_=t.c.created_at.type)
+            ),
             engine,
         )
 
@@ -170,7 +171,7 @@ class Reads:
 
     def first_id_since(self, since: datetime) -> int | None:
         rows = self._run(self._first_since, {"since": since})
-        return int(rows[0][0]) if rows else None
+        return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def connect_if_needed(self) -> bool:
         """Make the connection now if there is none (or it is past ``pool_recycle``); True if
