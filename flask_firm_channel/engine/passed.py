@@ -26,6 +26,10 @@ from .table import channel_hash
 #: them: a repair record naming one of their ids delivers its row (``repair.py``).
 PARK_HORIZON = 3600.0
 PARKED_RANGES = 4096
+#: Ids delivered after the position went past them that are remembered, so that another
+#: path to one of them (a second repair record, a resumed subscriber's given-up pending id
+#: of another channel) delivers it no second time.
+SETTLED_IDS = 4096
 
 
 class Passed:
@@ -37,6 +41,9 @@ class Passed:
         self.deferred: dict[int, tuple[Row, float]] = {}
         #: Resumed subscribers' pending ids given up, by ``id(subscriber)``, with when.
         self.pending: dict[int, tuple[Subscriber, GapList, float]] = {}
+        #: The latest ids delivered to everyone owed them after being gone past (insertion
+        #: ordered, at most ``SETTLED_IDS``).
+        self.settled: dict[int, None] = {}
 
     # -- what goes in -----------------------------------------------------------------------
 
@@ -84,9 +91,11 @@ class Passed:
         """``msg_id`` was found again (catching a subscriber up): True if it had been gone
         past (parked or deferred), and it is no longer."""
         if self.deferred.pop(msg_id, None) is not None:
+            self._settle((msg_id,))
             return True
         if self.parked and self.parked.inside([msg_id]):
             self.parked.remove([msg_id])
+            self._settle((msg_id,))
             return True
         return False
 
@@ -95,7 +104,15 @@ class Passed:
         due = [row for row, until in self.deferred.values() if until <= now]
         for row in due:
             del self.deferred[row.id]
+        self._settle(row.id for row in due)
         return sorted(due)
+
+    def _settle(self, ids: Iterable[int]) -> None:
+        settled = self.settled
+        for i in ids:
+            settled[i] = None
+        while len(settled) > SETTLED_IDS:
+            del settled[next(iter(settled))]
 
     def repair(
         self, late: list[tuple[int, int]], followed: frozenset[int]
@@ -103,6 +120,7 @@ class Passed:
         """A repair record names ``late`` ``(id, channel_hash)``. Returns the deferred rows
         among them (to deliver now) and the ids parked among them, of ``followed`` channels
         (to read and deliver now); both are forgotten here."""
+        late = [(i, h) for i, h in late if i not in self.settled]
         rows = [self.deferred.pop(i)[0] for i, _ in late if i in self.deferred]
         parked = [
             (i, h)
@@ -115,6 +133,7 @@ class Passed:
         ]
         if parked:
             self.parked.remove(i for i, _ in parked)
+        self._settle([row.id for row in rows] + [i for i, _ in parked])
         return sorted(rows), parked
 
     def given_up_for(self, sub: Subscriber, msg_id: int) -> bool:
@@ -139,12 +158,14 @@ class Passed:
         self.parked.clear()
         self.deferred.clear()
         self.pending.clear()
+        self.settled.clear()
 
     def copy(self) -> Passed:
         other = Passed()
         other.parked = self.parked.copy()
         other.deferred = dict(self.deferred)
         other.pending = dict(self.pending)
+        other.settled = dict(self.settled)
         return other
 
 
@@ -161,17 +182,21 @@ class LateRows:
         #: when the latest one began.
         self.read_floor = now
         self._read_at = now
-        #: channel_hash -> when it was followed from (a row of it not read before then was
-        #: not missed: it was not asked for).
-        self._followed_at: dict[int, float] = {}
+        #: Reads of the table begun so far.
+        self._reads = 0
+        #: channel_hash -> how many reads had begun when it was followed (a row of it not
+        #: read before then was not missed: it was not asked for). Counted, not timed: two
+        #: reads may begin at one clock reading.
+        self._followed_at: dict[int, int] = {}
 
     def reading(self, now: float) -> None:
         """A read of the table begins at ``now``."""
         self.read_floor, self._read_at = self._read_at, now
+        self._reads += 1
 
     def follow(self, added: Iterable[int], dropped: Iterable[int], now: float) -> None:
         for h in added:
-            self._followed_at[h] = now
+            self._followed_at[h] = self._reads
         for h in dropped:
             self._followed_at.pop(h, None)
 
@@ -187,11 +212,13 @@ class LateRows:
         if epoch(row.created_at) >= limit:
             return False
         followed_at = self._followed_at.get(channel_hash(row.channel))
-        return followed_at is not None and followed_at <= self.read_floor
+        # Asked for by the previous read: followed before it began.
+        return followed_at is not None and followed_at < self._reads - 1
 
     def copy(self) -> LateRows:
         other = LateRows(self.grace, self.late_commits, self.read_floor)
         other._read_at = self._read_at
+        other._reads = self._reads
         other._followed_at = dict(self._followed_at)
         return other
 

@@ -98,8 +98,7 @@ class Poller:
             now=clock(),
         )
         self.dispatch = Dispatcher(registry, self.position, callbacks, health)
-        self.repairs = Repairs(self.position, self.dispatch, self._read, health, clock)
-        self.dispatch.on_repair = self.repairs.record
+        self._repairs_for_position()
         self.catch_up = CatchUp(self.position, self.dispatch, self._read, self, health)
         self.history = History(
             reads,
@@ -140,6 +139,13 @@ class Poller:
         self.history.marker = previous.history.marker
         self.catch_up = CatchUp(self.position, self.dispatch, self._read, self, self._health)
         self.catch_up.add(s for s in previous.catch_up.waiting if not s.started)
+        self._repairs_for_position()
+
+    def _repairs_for_position(self) -> None:
+        self.repairs = Repairs(self.position, self.dispatch, self._read, self._health, self._clock)
+        self.dispatch.on_repair = self.repairs.record
+        #: What the repair records taken name, not applied yet (``Repairs.taken``).
+        self._repair_ids = self.repairs.taken
 
     # -- carried messages -----------------------------------------------------------------
 
@@ -197,8 +203,9 @@ class Poller:
         through, whichever of the listener's loops got it. (They settle no gap: only a read
         does, see :meth:`ReadPosition.expire`; the listener reads when one is due.)"""
         self._take(rows, seen, carried=True)
-        self._health.carried += len(rows)
-        self._health.last_poll_at = self._clock()
+        health = self._health
+        health.carried += len(rows)
+        health.last_poll_at = self._clock()
         if self.position.passed.deferred:
             self.repairs.deliver_due()
 
@@ -321,21 +328,25 @@ class Poller:
         settled ids (:meth:`WakeHint.settled`) as they were before ``rows`` were read.
 
         A repair record is applied before the rows after it are taken (:meth:`_take_apart`)."""
-        if len(rows) > 1 and any(row.channel == REPAIR_CHANNEL for row in rows[:-1]):
-            self._take_apart(rows, seen, settled, carried)
-            return
         position, deliver = self.position, self.dispatch.deliver
         hw = position.high_water
         assert hw is not None
-        # (One row right after the high-water mark, a busy channel's message, is asked here
-        # without a call: it is most of what a listener takes.)
-        if (len(rows) == 1 and rows[0].id == hw + 1) or position.is_next(rows):
+        if len(rows) == 1:
+            # (One row right after the high-water mark, a busy channel's message, is asked
+            # here without a call: it is most of what a listener takes.)
+            next_one = rows[0].id == hw + 1
+        elif any(row.channel == REPAIR_CHANNEL for row in rows[:-1]):
+            self._take_apart(rows, seen, settled, carried)
+            return
+        else:
+            next_one = False
+        if next_one or position.is_next(rows):
             for row in rows:  # (a busy channel's messages: no gap opens, nothing to look up)
                 position.high_water = row.id
                 deliver(row, NEW)
             if position.interleave.step > 1:
                 position.fresh_spans(rows, settled)  # (notes the residues seen)
-            if self.repairs.taken:
+            if self._repair_ids:
                 self.repairs.apply()
             return
         # Other channels' rows inside the gaps this batch opens are looked up before any
@@ -344,7 +355,7 @@ class Poller:
         foreign = sorted(self._foreign_ids(fresh, seen)) if fresh else []
         for row, late in position.take(rows, foreign, settled, self._clock(), carried):
             deliver(row, late)
-        if self.repairs.taken:
+        if self._repair_ids:
             self.repairs.apply()
 
     def _take_apart(

@@ -193,8 +193,10 @@ class ReadPosition:
                 # Its subscribers all came after the high-water mark (the earlier ones
                 # left): rows in between concern none of them.
                 self.floors[h] = lowest_anchor
-            elif h in self.floors:
-                self.floors[h] = min(self.floors[h], lowest_anchor)
+            elif h in self.floors and lowest_anchor < self.floors[h]:
+                self.floors[h] = lowest_anchor
+                # Ids below the old floor were not asked for: none of them was missed.
+                self.late.follow((h,), (), now)
         for key, (sub, _) in list(self.pending.items()):
             if not sub.active:
                 del self.pending[key]

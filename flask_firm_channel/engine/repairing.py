@@ -72,7 +72,8 @@ class Repairs:
 
     def apply(self) -> None:
         """Deliver what the records taken name and the position passed without delivering."""
-        named, self.taken = self.taken, []
+        named = self.taken[:]
+        self.taken.clear()  # (in place: the poll holds the list)
         position = self._position
         deferred, parked = position.passed.repair(named, position.followed)
         found = deferred + self._rows_by_id(parked)
