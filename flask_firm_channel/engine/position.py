@@ -37,7 +37,7 @@ it too, and a stream resumed after the repair had it already.
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 
@@ -47,15 +47,12 @@ from .interleave import Interleave
 from .owed import Owed, Pending
 from .passed import LateRows, Passed, epoch
 from .reads import Range, Row
+from .recent import Recent
 from .subscriptions import Snapshot, Subscriber
 from .table import channel_hash
 
 #: More open gaps than this are read as one span, filtered on arrival, to keep the SQL small.
 MAX_GAP_RANGES = 32
-#: The rows taken most recently that the position remembers, to check that the database still
-#: holds them (``history.py``).
-RECENT = 4096
-
 _EPOCH = datetime(1970, 1, 1)
 
 #: What a row is to the position once taken: above the high-water mark (``NEW``), filling a
@@ -117,8 +114,8 @@ class ReadPosition:
         #: (restored history is not replayed); the newest ``created_at`` taken so far.
         self.not_before: datetime | None = None
         self.newest_seen: datetime | None = None
-        #: ``(id, created_at)`` of the rows taken most recently, in the order taken.
-        self.recent: deque[tuple[int, datetime]] = deque(maxlen=RECENT)
+        #: ``(id, created_at)`` of the rows taken most recently (``recent.py``).
+        self.recent = Recent()
         #: After :meth:`rewind`: rows above the parting point taken before, which the
         #: database still holds, by id (they are not taken again); and the id past which
         #: none is left.
@@ -343,7 +340,7 @@ class ReadPosition:
             retro, self._retro = self._retro, []
             hw = self.high_water
             assert hw is not None
-            taken = {i for i, _ in self.recent}
+            taken = set(self.recent.ids)
             for i, at in retro:
                 if i <= hw and i not in taken:
                     self.gaps.add(i, i, max(at, now or at))
@@ -402,7 +399,7 @@ class ReadPosition:
             return None
         if self.replayed and self.replayed.get(row.id) == created_at:
             return None  # taken before the database's history changed, and still held
-        self.recent.append((row.id, created_at))
+        self.recent.add(row.id, created_at)
         return late is not None and (
             not self.floors or self.wanted(channel_hash(row.channel), row.id)
         )
@@ -438,9 +435,7 @@ class ReadPosition:
         self.replayed = dict(kept)
         self.replayed_until = max(self.high_water or 0, max(kept, default=0))
         self._start_over(parting)
-        self.recent = deque(
-            ((i, c) for i, c in self.recent if i <= parting or kept.get(i) == c), maxlen=RECENT
-        )
+        self.recent = Recent((i, c) for i, c in self.recent if i <= parting or kept.get(i) == c)
         for sub in subs:
             if sub.anchor is not None and sub.anchor > parting:
                 had = _had_until(sub)
@@ -474,7 +469,7 @@ class ReadPosition:
         other.pending = dict(self.pending)
         other.not_before = self.not_before
         other.newest_seen = self.newest_seen
-        other.recent = deque(self.recent, maxlen=RECENT)
+        other.recent = self.recent.copy()
         other.passed = self.passed.copy()
         other.replayed, other.replayed_until = dict(self.replayed), self.replayed_until
         return other
