@@ -399,7 +399,9 @@ class ReadPosition:
             return None
         if self.replayed and self.replayed.get(row.id) == created_at:
             return None  # taken before the database's history changed, and still held
-        self.recent.add(row.id, created_at)
+        recent = self.recent  # (Recent.add without the call: once a message)
+        recent.ids.append(row.id)
+        recent.created.append(created_at)
         return late is not None and (
             not self.floors or self.wanted(channel_hash(row.channel), row.id)
         )
