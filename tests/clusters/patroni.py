@@ -4,7 +4,9 @@ self-hosted PostgreSQL failover, as production runs it, on loopback ports.
 Patroni runs as ``postgres`` (it starts PostgreSQL, which refuses root). When the tests run
 as root the venv's interpreter usually lives under ``/root``, which ``postgres`` cannot
 enter; Patroni then runs on the system's Python 3 of the same minor version, importing the
-venv's packages (``patroni_python()``).
+venv's packages; and when ``postgres`` cannot read those either (a checkout in a private
+directory, as ``scripts/soak-suite.sh`` makes), Patroni is installed once per machine where
+every user can read it, ``SHARED_SITE`` (``patroni_python()``).
 
 Patroni's minimum ``ttl`` is 20 s: after a kill -9 of the leader's Patroni the other node
 waits for the leader key to expire, so a crash takes about that long to fail over, and a
@@ -48,9 +50,43 @@ PATRONICTL = Path(sys.executable).parent / "patronictl"
 TTL, LOOP_WAIT, RETRY_TIMEOUT = 20, 1, 5
 
 
+#: Patroni and what it imports, for a ``postgres`` that cannot read this venv: installed
+#: with this venv's pip (``--target``), so its compiled packages suit this Python version.
+SHARED_SITE = Path("/var/tmp/firm-channel-patroni") / (
+    f"python{sys.version_info.major}.{sys.version_info.minor}"
+)
+
+
 def _venv_paths() -> list[str]:
     paths = sysconfig.get_paths()
     return sorted({paths["purelib"], paths["platlib"]})
+
+
+def _shared_site() -> list[str]:
+    """:data:`SHARED_SITE`, installed if it is not yet (about 30 s, once per machine)."""
+    done = SHARED_SITE / ".installed"
+    if not done.exists():
+        SHARED_SITE.mkdir(parents=True, exist_ok=True)
+        for path in (SHARED_SITE.parent, SHARED_SITE):
+            path.chmod(0o755)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--upgrade",
+                "--target",
+                str(SHARED_SITE),
+                "patroni[etcd3,psycopg3]>=4.0",
+            ],
+            check=True,
+            timeout=600,
+        )
+        done.write_text("patroni[etcd3,psycopg3]>=4.0\n")
+    return [str(SHARED_SITE)]
 
 
 _LAUNCH = (
@@ -60,24 +96,35 @@ _LAUNCH = (
 
 
 @functools.cache
-def patroni_python(user: str = USER) -> list[str]:
-    """The interpreter command that runs Patroni as ``user``: ours if ``user`` can run it,
-    else the system's Python of the same minor version in isolated mode (no site packages
-    of its own, the venv's appended to its path: its compiled packages need that version).
+def patroni_python(user: str = USER) -> tuple[list[str], list[str]]:
+    """The interpreter command that runs Patroni as ``user``, and the paths it imports from:
+    ours if ``user`` can run it, else the system's Python of the same minor version in
+    isolated mode (no site packages of its own, the venv's appended to its path: its compiled
+    packages need that version), else the same with :data:`SHARED_SITE` instead of the venv's.
     Raises naming each one tried if none can import Patroni."""
-    probe = f"import sys; sys.path.extend({_venv_paths()!r}); import patroni, psycopg"
     minor = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
-    candidates = [[sys.executable], [minor, "-I", "-S"], ["/usr/bin/python3", "-I", "-S"]]
-    tried = []
-    for command in candidates:
-        try:
-            done = run([*command, "-c", probe], user, check=False, timeout=60)
-        except OSError as exc:  # the interpreter cannot even be executed as that user
-            tried.append(f"{' '.join(command)}: {exc}")
-            continue
-        if done.returncode == 0:
-            return command
-        tried.append(f"{' '.join(command)}: {done.stderr.strip().splitlines()[-1:]}")
+    system = [[minor, "-I", "-S"], ["/usr/bin/python3", "-I", "-S"]]
+    tried: list[str] = []
+
+    def first_that_imports(commands: list[list[str]], paths: list[str]) -> list[str] | None:
+        probe = f"import sys; sys.path.extend({paths!r}); import patroni, psycopg"
+        for command in commands:
+            try:
+                done = run([*command, "-c", probe], user, check=False, timeout=60)
+            except OSError as exc:  # the interpreter cannot even be executed as that user
+                tried.append(f"{' '.join(command)}: {exc}")
+                continue
+            if done.returncode == 0:
+                return command
+            tried.append(f"{' '.join(command)}: {done.stderr.strip().splitlines()[-1:]}")
+        return None
+
+    command = first_that_imports([[sys.executable], *system], _venv_paths())
+    if command is not None:
+        return command, _venv_paths()
+    command = first_that_imports(system, _shared_site())
+    if command is not None:
+        return command, _shared_site()
     raise RuntimeError(f"no Python that {user} can run imports Patroni: {tried}")
 
 
@@ -100,11 +147,8 @@ class PatroniNode:
         return f"postgresql+psycopg://{USER}@127.0.0.1:{self.pg_port}/{DATABASE}"
 
     def start(self) -> None:
-        command = [
-            *patroni_python(),
-            "-c",
-            _LAUNCH.format(paths=_venv_paths(), config=str(self.config)),
-        ]
+        python, paths = patroni_python()
+        command = [*python, "-c", _LAUNCH.format(paths=paths, config=str(self.config))]
         self.daemon = Daemon(f"patroni {self.name}", command, USER, self.log, home=self.root)
 
     def patroni_alive(self) -> bool:
