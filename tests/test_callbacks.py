@@ -235,7 +235,9 @@ def test_a_rescued_listener_thread_knows_it_no_longer_owns_the_loop(
         assert seen["owned before"] is True
         assert seen["owned after"] is False, "the stuck thread still owns the loop"
         listener = listening._listener
-        assert listener is not None and listener._thread is not seen["thread"]
+        assert listener is not None
+        # (The new thread becomes the listener's once it has started: Listener._hand_to.)
+        wait_for(lambda: listener._thread is not seen["thread"])
         assert listener.alive and listener._owner is listener._thread
         publisher.broadcast("owned", "while stuck")
         wait_for(lambda: others == [b"first", b"while stuck"])

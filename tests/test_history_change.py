@@ -230,3 +230,27 @@ def test_a_stream_resumed_after_the_loss_is_found_gets_the_new_history() -> None
     resumed, _ = model.subscribe(after=live[9].cursor)
     model.poll()
     assert sorted(ids(resumed)) == later + early
+
+
+def test_a_stream_resumed_from_a_lost_id_never_handed_out_again_gets_the_new_history() -> None:
+    """The new primary handed out some of the lost ids again, then the listener found the loss
+    and moved the sequence past the others: the message a client's cursor names is gone and
+    its id names nothing, yet messages of the new history lie below it. The client, resuming
+    after all this, gets every one of them once, after a notice."""
+    model = Model()
+    live, _ = model.subscribe()
+    model.poll()
+    model.broadcast(10, START + 1)
+    model.poll()
+    model.now = START + 30
+    model.reads.fail_over(keep=5, next_id=6)  # 6..10 lost
+    again = model.broadcast(3, START + 31)  # 6..8 handed out again
+    model.poll()  # the listener finds the loss
+    model.table._next_id = 11  # and moves the ids past it: 9 and 10 name nothing now
+    above = model.broadcast(2, START + 32)
+    model.poll()
+    assert ids(live)[10:] == again + above
+    resumed, notices = model.subscribe(after=live[9].cursor)
+    model.poll()
+    assert ids(resumed) == again + above
+    assert [type(n) for n in notices] == [HistoryChanged]

@@ -156,19 +156,24 @@ class CatchUp:
         rows created no later, which it had (``Subscriber.created_floor``), after a
         :class:`HistoryChanged`.
 
-        False if the table still holds it as it was, or if it is gone from a table that has
-        ids above it: trimmed, or lost with its id never handed out again; either way what
-        the table holds above it is all there is to deliver, as for any resume."""
+        Gone from a table that has ids above it, it was trimmed, or lost with its id never
+        handed out again (the ids were moved past the lost ones, ``history.py``): a row at or
+        below its id created after it, and not pending in the cursor, tells the second case
+        (the new history's rows under the lost ids), which is then a history changed too.
+
+        False if the table still holds it as it was, or if it is gone and nothing the table
+        holds at or below its id is newer: what the table holds above it is all there is to
+        deliver, as for any resume."""
         assert resume.last is not None
         last_id, when = resume.last
         held = self._facts.created_at_of([last_id]).get(last_id)
-        if held is None:
-            if newest is None or newest >= last_id:
-                return False
-        elif stamp(held) == when:
+        if held is not None and stamp(held) == when:
             return False
         created = _EPOCH + timedelta(microseconds=when)
         first = self._facts.first_id_since(created + timedelta(microseconds=1))
+        if held is None and (newest is None or newest >= last_id):
+            if first is None or first > last_id or any(a <= first <= b for a, b in resume.gaps):
+                return False  # (a row pending in the cursor: a late commit, as expected)
         parting = resume.high if first is None else min(first - 1, resume.high)
         cursor = Cursor.of(parting, [(a, min(b, parting)) for a, b in resume.gaps if a <= parting])
         self._position.owed.restart_from(sub, cursor)

@@ -35,7 +35,7 @@ class Recent:
         self.created.append(created_at)
 
     def __iter__(self) -> Iterator[tuple[int, datetime]]:
-        return zip(self.ids, self.created)
+        return zip(self.ids, self.created, strict=True)
 
     def __len__(self) -> int:
         return len(self.ids)
