@@ -158,8 +158,8 @@ class CatchUp:
 
         Gone from a table that has ids above it, it was trimmed, or lost with its id never
         handed out again (the ids were moved past the lost ones, ``history.py``): a row at or
-        below its id created after it, and not pending in the cursor, tells the second case
-        (the new history's rows under the lost ids), which is then a history changed too.
+        below its id created after it, of its channels and not pending in the cursor, tells the
+        second case (the new history's rows under the lost ids), a history changed too.
 
         False if the table still holds it as it was, or if it is gone and nothing the table
         holds at or below its id is newer: what the table holds above it is all there is to
@@ -172,8 +172,12 @@ class CatchUp:
         created = _EPOCH + timedelta(microseconds=when)
         first = self._facts.first_id_since(created + timedelta(microseconds=1))
         if held is None and (newest is None or newest >= last_id):
-            if first is None or first > last_id or any(a <= first <= b for a, b in resume.gaps):
-                return False  # (a row pending in the cursor: a late commit, as expected)
+            if (
+                first is None
+                or first > last_id
+                or not self._newer_below(sub, resume, created, first)
+            ):
+                return False
         parting = resume.high if first is None else min(first - 1, resume.high)
         cursor = Cursor.of(parting, [(a, min(b, parting)) for a, b in resume.gaps if a <= parting])
         self._position.owed.restart_from(sub, cursor)
@@ -190,6 +194,18 @@ class CatchUp:
             notice = HistoryChanged(after=str(resume), lost=None, cursor=str(cursor))
             self._dispatch.notice(sub, notice)
         return True
+
+    def _newer_below(self, sub: Subscriber, resume: Cursor, created: datetime, first: int) -> bool:
+        """Whether a row of ``sub``'s channels from ``first`` up to the message ``resume`` was
+        taken after, not pending in the cursor, was created after it (at ``created``): the
+        new history's rows under lost ids. (Other channels' rows there, such as a heartbeat
+        whose INSERT raced the message's, concern it not.)"""
+        assert resume.last is not None
+        rows = self._read([Range(tuple(sorted(sub.hashes)), first - 1, resume.last[0])])
+        return any(
+            row.created_at > created and not any(a <= row.id <= b for a, b in resume.gaps)
+            for row in rows
+        )
 
 
 _EPOCH = datetime(1970, 1, 1)
