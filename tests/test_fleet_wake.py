@@ -199,7 +199,10 @@ def test_changing_subscriptions_while_messages_flow_loses_and_duplicates_nothing
             for channel in (same, other):
                 command(member, f"sub {channel}")
                 start = time.monotonic()
+                already = len(sent[channel])
                 time.sleep(0.1)  # the window in which messages flow while it follows
+                # (At least one of them on this channel, however slow the machine.)
+                wait_for(lambda channel=channel, k=already: len(sent[channel]) > k, timeout=30)
                 last = sent[channel][-1][0]
                 wait_for(lambda channel=channel, last=last: has(channel, last), timeout=30)
                 command(member, f"unsub {channel}")
