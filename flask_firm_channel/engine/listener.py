@@ -424,8 +424,8 @@ class Listener:
         what the hint said of the socket, None if not asked yet), or None if this thread no
         longer owns the loop."""
         hint, bell, registry, poller = self._hint, self._bell, self._registry, self._poller
-        callbacks, get_ident = self._callbacks, threading.get_ident
-        fd, position, hold = hint.fileno(), poller.position, self._busy.lock
+        callbacks, me = self._callbacks, threading.get_ident()
+        fd, position, hold, pace = hint.fileno(), poller.position, self._busy.lock, self._pace
         snap = registry.snapshot
         deadline = time.monotonic() + timeout
         while True:
@@ -445,9 +445,9 @@ class Listener:
                 return False, True, rows
             if rows:
                 poller.take_carried(rows)
-                self._pace.count(len(rows), time.monotonic())
-                if self._pace.batching:
+                pace.count(len(rows), time.monotonic())
+                if pace.batching:
                     return False, False, False
             callbacks.release()
-            if self._owner_ident != get_ident():  # (_owns(), once a message)
+            if self._owner_ident != me:  # (_owns(), without asking for the thread again)
                 return None
