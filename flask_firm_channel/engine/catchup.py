@@ -107,8 +107,15 @@ class CatchUp:
                 if not rows:
                     break
             for row in rows:
-                # A row in a gap, or one the listener passed (parked, deferred), found here:
-                # everyone owed it gets it now.
+                if position.awaits(row):
+                    # In one of the listener's gaps: the read after the catch-ups takes it,
+                    # for everyone owed it (this subscriber too) in id order with the rest of
+                    # the gaps. (Taken here, the others would get it before a lower id of the
+                    # same commit that this subscriber is not owed.)
+                    continue
+                # One in a gap that read does not ask for (below its channel's floor), or one
+                # the listener passed (parked, deferred), found here: everyone owed it gets it
+                # now.
                 late = position.fill(row.id) or position.passed.claim(row.id)
                 self._dispatch.deliver(row, late, only=sub)
                 if sub.behind:
