@@ -308,13 +308,15 @@ def render_schedule(records: list[dict[str, Any]]) -> list[str]:
         lines += ["", "Messages: what was broadcast, and what the final leader holds. (An id given",
                   "to a second message was handed out again by a new leader before a listener",
                   "found the loss and moved the ids past it; the checker fails one handed out",
-                  "after.)", ""]  # fmt: skip
+                  "after. A repair record is a listener's note to the others of a message that",
+                  "committed after it had read past its id, which they deliver.)", ""]  # fmt: skip
         lines += table(
             ["broadcasts", "acknowledged", "failed", "failed but committed",
              "acknowledged and lost", "held by the final leader",
-             "ids given to a second message"],
+             "ids given to a second message", "repair records"],
             [[s["attempts"], s["acknowledged"], s["failed"], s["failed_but_held"],
-              s["acknowledged_lost"], s["held"], s["ids_reused"]]],
+              s["acknowledged_lost"], s["held"], s["ids_reused"],
+              r.get("repair_records", "-")]],
         )  # fmt: skip
         lines += ["", "Per kind of consumer (*lost*: delivered, then lost by the failover).", ""]
         lines += table(

@@ -45,6 +45,8 @@ import psycopg
 import sqlalchemy as sa
 
 from flask_firm_channel import message_table
+from flask_firm_channel.engine.internal import is_internal
+from flask_firm_channel.engine.repair import REPAIR_CHANNEL
 
 from ..pgbouncer import PgBouncer
 from ..tcp_proxy import BlackHoleProxy
@@ -119,6 +121,8 @@ class Deployment:
     def __init__(self, cluster: PatroniCluster, seed: int, rate: float = 24.0) -> None:
         self.cluster = cluster
         self.rng = random.Random(seed)
+        #: Repair records in the table when it was last read (:meth:`held`).
+        self.repair_records = 0
         self.closers: list[Callable[[], None]] = []
         self.log_dir = Path(tempfile.mkdtemp(prefix="fc-schedule-"))
         self.closers.append(lambda: shutil.rmtree(self.log_dir, ignore_errors=True))
@@ -389,7 +393,9 @@ class Deployment:
     # -- the end --------------------------------------------------------------------------
 
     def held(self) -> dict[str, tuple[int, str]]:
-        """``payload -> (id, channel)`` as the leader holds them now."""
+        """``payload -> (id, channel)`` of the messages the leader holds now: the broadcasts,
+        not the engine's own rows (such as the repair records a listener writes for a late
+        commit, counted in :attr:`repair_records`)."""
         engine = sa.create_engine(self.cluster.leader().url, poolclass=sa.NullPool)
         tbl = message_table(sa.MetaData(), self.table)
         try:
@@ -397,7 +403,12 @@ class Deployment:
                 rows = conn.execute(sa.select(tbl.c.id, tbl.c.channel, tbl.c.payload)).all()
         finally:
             engine.dispose()
-        return {bytes(p).decode(): (int(i), bytes(c).decode()) for i, c, p in rows}
+        self.repair_records = sum(1 for _, c, _ in rows if bytes(c) == REPAIR_CHANNEL)
+        return {
+            bytes(p).decode(): (int(i), bytes(c).decode())
+            for i, c, p in rows
+            if not is_internal(bytes(c))
+        }
 
     def finish(self, within: float = 60.0) -> tuple[dict[str, tuple[int, str]], float]:
         """Stop the broadcasters and wait until every consumer has what the leader holds for

@@ -93,6 +93,7 @@ def run_schedule(
             seed, synchronous, duration, wall, started, faults, verdict, health, problems
         ),
         drain_s=round(drain, 1),
+        repair_records=deployment.repair_records,
     )
     print(report(seed, started, faults, verdict))
     kept = ""
