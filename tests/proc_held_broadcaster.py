@@ -7,7 +7,8 @@
 Prints ``READY`` and waits for ``GO`` on stdin (so several start together), then sends
 ``COUNT`` messages ``<NAME>:<seq>``, each in its own transaction that stays open for a random
 0..``MS`` milliseconds after its INSERT (``broadcast(connection=...)``), so commits from
-several processes land out of id order; prints ``SENT <seconds>``.
+several processes land out of id order (on SQLite, which takes one writer at a time, it
+then pauses as long again before the next); prints ``SENT <seconds>``.
 
 ``--stall`` inserts one message ``<NAME>:stalled`` in a transaction, prints ``INSERTED``
 and then waits, the transaction open, until the process is killed.
@@ -38,7 +39,8 @@ def main() -> int:
     args = ap.parse_args()
     # SQLite's lock is not fair: with several writers each holding it for up to 50 ms, one
     # of them can keep losing the race for longer than the default 5 s busy timeout.
-    connect_args = {"timeout": args.sqlite_busy_timeout} if args.url.startswith("sqlite") else {}
+    sqlite = args.url.startswith("sqlite")
+    connect_args = {"timeout": args.sqlite_busy_timeout} if sqlite else {}
     engine = sa.create_engine(args.url, connect_args=connect_args)
     pubsub = PubSub(engine, message_table(sa.MetaData(), args.table), Settings(auto_trim=False))
     try:
@@ -60,6 +62,11 @@ def main() -> int:
                 # The held transaction is the workload: commits land out of id order.
                 time.sleep(rng.uniform(0, args.hold_ms / 1000))
             pubsub.committed()
+            if sqlite:
+                # A turn for the others: SQLite's writers do not queue for its lock, and one
+                # that began again at once would keep it from a waiting one (a broadcaster
+                # waited out a 60 s busy timeout so, on a loaded machine).
+                time.sleep(rng.uniform(0, args.hold_ms / 1000))
         print(f"SENT {time.monotonic() - started:.3f}", flush=True)
         return 0
     finally:

@@ -202,7 +202,7 @@ class Poller:
         """Take and dispatch messages the hint carried: the steps every carried message goes
         through, whichever of the listener's loops got it. (They settle no gap: only a read
         does, see :meth:`ReadPosition.expire`; the listener reads when one is due.)"""
-        self._take(rows, seen, carried=True)
+        self._take(rows, seen, None, True)  # (carried=True, positional: once a message)
         health = self._health
         health.carried += len(rows)
         health.last_poll_at = self._clock()
@@ -320,7 +320,6 @@ class Poller:
         rows: list[Row],
         seen: Seen | None = None,
         settled: tuple[int, int] | None = None,
-        *,
         carried: bool = False,
     ) -> None:
         """Take ``rows`` (read or carried, in the order found) and dispatch each as it is
