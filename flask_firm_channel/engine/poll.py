@@ -217,11 +217,14 @@ class Poller:
         with self._busy.lock:
             connected = self.reads.connect_if_needed()
         # A new connection of the hint's (LISTEN, direct) while the reads keep theirs (to a
-        # pooler) may be to another server too.
+        # pooler) may be to another server too. And while the hint is down (its server gone,
+        # say), the reads may reach another server on the connection they have (a pooler,
+        # or a proxy, in front of the new primary): the marker is asked before every read
+        # then, so that none takes a row of a new history before the check.
         if connected or self._hint.reconnects != self._hint_reconnects:
             self._hint_reconnects = self._hint.reconnects
             self._marker_due = True
-        if self._marker_due:
+        if self._marker_due or not self._hint.healthy:
             # (A failover that lost messages moves the position.) Asked again while the
             # server names no history, a promotion under way, if it ever named one here.
             found = self.history.after_connect()

@@ -102,6 +102,9 @@ class Reads:
         #: Connections made so far: a new one may be to another server (a failover).
         self.connects = 0
         self._id_step: Compiled | None = None
+        #: The history marker's statement, compiled at its first use (None: no marker).
+        self._marker: Compiled | None = None
+        self._marker_compiled = False
         t = table
         self._row = row_maker(engine, table)
         (self._created_of,) = result_processors(engine, [table.c.created_at.type])
@@ -185,10 +188,12 @@ class Reads:
     def history_marker(self) -> Any:
         """What names the database's history on this connection's server (PostgreSQL's
         timeline), or None where the backend has nothing of the kind (``Dialect``)."""
-        compiled = self._dialect.history_marker(self._engine)
-        if compiled is None:
+        if not self._marker_compiled:
+            self._marker = self._dialect.history_marker(self._engine)
+            self._marker_compiled = True
+        if self._marker is None:
             return None
-        return self._run(compiled, {})[0][0]
+        return self._run(self._marker, {})[0][0]
 
     def id_step(self) -> int:
         """The distance between two ids one writer hands out (``Dialect.id_step``): 1 but on

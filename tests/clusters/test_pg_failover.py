@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
-from flask_firm_channel import HISTORY_CHANGED_EVENT
+from flask_firm_channel import HISTORY_CHANGED_EVENT, PubSub, Settings, message_table
 
+from ..pgbouncer import PgBouncer
+from ..tcp_proxy import BlackHoleProxy
 from .consumers import (
     CHANNEL,
     InProcessApp,
@@ -60,14 +64,18 @@ def test_async_lost_tail_every_new_message_once_loss_reported_and_no_id_reused(
     world.all_have(kept)
     lost = [f"lost-{i}" for i in range(40)]
     lost_ids: list[int] = []
+    resume_with: list[str] = []  # what a browser would resume with, before the crash
 
     def write() -> None:
         lost_ids.extend(publisher.broadcast(CHANNEL, p) for p in lost)
         world.all_have(lost)
+        resume_with.append(world.stream.events[-1]["id"])
 
     pair.lose_tail(write)  # pause replication, write(), crash the primary, promote
     promoted = time.monotonic()
-    before_failover = world.stream.events[-1]["id"]  # what a browser would resume with
+    # (Taken before the crash: by the time the promotion is over, the stream may have had
+    # the history-changed notice.)
+    before_failover = resume_with[0]
     assert before_failover.startswith(f"{lost_ids[-1]}~")
 
     # New messages at once: the new primary's sequence hands the lost ids out again.
@@ -212,3 +220,74 @@ def test_listen_asks_for_the_primary_where_the_url_names_several_hosts() -> None
         engine = create_engine(url)
         assert primary_only(engine) == expected, url
         engine.dispose()
+
+
+def test_reads_through_a_pooler_take_nothing_of_the_new_history_before_the_check(
+    make_pg_pair: Callable[..., PostgresPair],
+) -> None:
+    """The listener's reads go through PgBouncer (transaction mode), which keeps its clients'
+    connections while the server behind it changes; its LISTEN goes to the primary directly
+    and is down from the crash on. Asynchronous replication loses a tail of 40 messages, and
+    the new primary hands their ids out again. The listener must find the new history before
+    it takes any of its rows: it used to read the new primary's rows above its high-water mark
+    as soon as the pooler reached it, and the ones with the lost ids only after its next
+    check, after later messages of the same broadcaster (the fault schedule's out-of-order
+    deliveries behind PgBouncer)."""
+    pair = make_pg_pair(synchronous=False)
+    # PgBouncer reaches the primary through a proxy that, from the crash on, holds new
+    # connections unanswered until the new primary takes writes, as HAProxy in front of a
+    # Patroni cluster does: the listener's idle connection to PgBouncer lives on.
+    to_primary = BlackHoleProxy(("127.0.0.1", pair.primary.port))
+    bouncer = PgBouncer(
+        f"postgresql+psycopg://postgres@127.0.0.1:{to_primary.port}/test",
+        # (Every server connection checked before a client gets it: the crash reaches the
+        # listener as a wait, never as an error that would make it connect again.)
+        {"server_login_retry": "1", "query_wait_timeout": "60", "server_check_delay": "0"},
+    )
+    pooled = sa.create_engine(bouncer.url, connect_args={"prepare_threshold": None})
+    direct = sa.create_engine(pair.url)
+    table = message_table(sa.MetaData(), f"fc_pooled_{uuid.uuid4().hex[:8]}")
+    table.create(direct)
+    # LISTEN on the first primary alone: down from the crash on.
+    listen_url = f"postgresql+psycopg://postgres@127.0.0.1:{pair.primary.port}/test"
+    quiet = {"auto_trim": False, "heartbeat_interval": 0}
+    listener = PubSub(
+        pooled, table, Settings(listen_url=listen_url, polling_interval=0.05, **quiet)
+    )
+    publisher = PubSub(direct, table, Settings(**quiet))
+    got: list[str] = []
+    try:
+        listener.subscribe(CHANNEL, lambda payload: got.append(payload.decode()))
+        wait_until(lambda: listener.health().wake_healthy, 30, "the LISTEN connection")
+        kept = [f"kept-{i}" for i in range(5)]
+        for p in kept:
+            publisher.broadcast(CHANNEL, p)
+        wait_until(lambda: got == kept, 10, "the messages before the failover")
+        lost = [f"lost-{i}" for i in range(40)]
+        lost_ids: list[int] = []
+
+        def write() -> None:
+            lost_ids.extend(publisher.broadcast(CHANNEL, p) for p in lost)
+            wait_until(lambda: got == kept + lost, 10, "the messages to be lost")
+
+        to_primary.hold_new.set()
+        pair.lose_tail(write)
+        new = [f"new-{i}" for i in range(50)]
+        new_ids = [broadcast_retrying(publisher, p) for p in new]
+        # The pooler's held connections reach the new primary.
+        to_primary.target = ("127.0.0.1", pair.primary.port)
+        to_primary.let_held_through()
+        assert set(new_ids) & set(lost_ids), "the new primary handed out no lost id: no test"
+        wait_until(lambda: set(new) <= set(got), 30, "the new primary's messages")
+        assert not listener.health().wake_healthy, "LISTEN came back: no test"
+        # Every message of the new primary once, in the order it was broadcast.
+        assert got[len(kept + lost) :] == new
+        health = listener.health()
+        assert (health.history_changes, health.lost_messages) == (1, 40)
+    finally:
+        listener.close()
+        publisher.close()
+        pooled.dispose()
+        direct.dispose()
+        bouncer.stop()
+        to_primary.close()
