@@ -170,18 +170,24 @@ def test_a_server_still_promoting_is_asked_again_for_its_timeline() -> None:
     assert (model.health.history_changes, model.health.lost_messages) == (1, 5)
 
 
-def test_a_stream_resumed_just_before_the_loss_is_found_gets_the_new_history() -> None:
-    """A client resumes with the cursor of a message the new primary lost, before the
-    listener has found the loss, while the new primary already holds messages under the lost
-    ids and above them: it gets every one of them once, after a notice."""
-    model = Model()
+def lose_10_after_delivering_them(model: Model) -> tuple[list[Message], list[int]]:
+    """Messages 1..10 delivered to a new subscriber, then a failover to a primary that kept
+    1..5 and hands out 6..8 again: the subscriber and the ids of the three new messages."""
     live, _ = model.subscribe()
     model.poll()
     model.broadcast(10, START + 1)
     model.poll()
     model.now = START + 30
-    model.reads.fail_over(keep=5, next_id=6)  # 6..10 lost; 6..8 handed out again
-    again = model.broadcast(3, START + 31)
+    model.reads.fail_over(keep=5, next_id=6)  # 6..10 lost
+    return live, model.broadcast(3, START + 31)  # 6..8 handed out again
+
+
+def test_a_stream_resumed_just_before_the_loss_is_found_gets_the_new_history() -> None:
+    """A client resumes with the cursor of a message the new primary lost, before the
+    listener has found the loss, while the new primary already holds messages under the lost
+    ids and above them: it gets every one of them once, after a notice."""
+    model = Model()
+    live, again = lose_10_after_delivering_them(model)
     model.table._next_id = 11
     above = model.broadcast(2, START + 32)
     resumed, notices = model.subscribe(after=live[-1].cursor)
@@ -238,13 +244,7 @@ def test_a_stream_resumed_from_a_lost_id_never_handed_out_again_gets_the_new_his
     its id names nothing, yet messages of the new history lie below it. The client, resuming
     after all this, gets every one of them once, after a notice."""
     model = Model()
-    live, _ = model.subscribe()
-    model.poll()
-    model.broadcast(10, START + 1)
-    model.poll()
-    model.now = START + 30
-    model.reads.fail_over(keep=5, next_id=6)  # 6..10 lost
-    again = model.broadcast(3, START + 31)  # 6..8 handed out again
+    live, again = lose_10_after_delivering_them(model)
     model.poll()  # the listener finds the loss
     model.table._next_id = 11  # and moves the ids past it: 9 and 10 name nothing now
     above = model.broadcast(2, START + 32)

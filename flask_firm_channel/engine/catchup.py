@@ -23,6 +23,7 @@ from .position import ReadPosition
 from .reads import BATCH, Range, Row
 from .repair import REPAIR_HASH
 from .subscriptions import Subscriber
+from .table import channel_hash
 
 log = logging.getLogger("flask_firm_channel")
 
@@ -107,7 +108,7 @@ class CatchUp:
                 if not rows:
                     break
             for row in rows:
-                if position.awaits(row):
+                if _read_next(position, row):
                     # In one of the listener's gaps: the read after the catch-ups takes it,
                     # for everyone owed it (this subscriber too) in id order with the rest of
                     # the gaps. (Taken here, the others would get it before a lower id of the
@@ -216,3 +217,12 @@ class CatchUp:
 
 
 _EPOCH = datetime(1970, 1, 1)
+
+
+def _read_next(position: ReadPosition, row: Row) -> bool:
+    """Whether ``row`` is in one of ``position``'s open gaps that the next read
+    (:meth:`ReadPosition.ranges`) asks for: that read takes it for every subscriber owed it,
+    in id order with the rest of the gaps."""
+    return bool(position.gaps.inside([row.id])) and position.wanted(
+        channel_hash(row.channel), row.id
+    )

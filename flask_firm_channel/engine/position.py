@@ -379,12 +379,6 @@ class ReadPosition:
             else:
                 yield row, SEEN
 
-    def awaits(self, row: Row) -> bool:
-        """Whether ``row`` is in an open gap that the next read (:meth:`ranges`) asks for:
-        that read takes it for every subscriber owed it, in id order with the rest of the
-        gaps."""
-        return bool(self.gaps.inside([row.id])) and self.wanted(channel_hash(row.channel), row.id)
-
     def fill(self, msg_id: int) -> bool:
         """``msg_id`` turned up in a gap: True, and it is no longer awaited (nor parked)."""
         if not self.gaps.inside([msg_id]):
