@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import (
@@ -102,9 +103,6 @@ class Reads:
         #: Connections made so far: a new one may be to another server (a failover).
         self.connects = 0
         self._id_step: Compiled | None = None
-        #: The history marker's statement, compiled at its first use (None: no marker).
-        self._marker: Compiled | None = None
-        self._marker_compiled = False
         t = table
         self._row = row_maker(engine, table)
         (self._created_of,) = result_processors(engine, [table.c.created_at.type])
@@ -188,12 +186,14 @@ class Reads:
     def history_marker(self) -> Any:
         """What names the database's history on this connection's server (PostgreSQL's
         timeline), or None where the backend has nothing of the kind (``Dialect``)."""
-        if not self._marker_compiled:
-            self._marker = self._dialect.history_marker(self._engine)
-            self._marker_compiled = True
-        if self._marker is None:
+        if self._marker_sql is None:
             return None
-        return self._run(self._marker, {})[0][0]
+        return self._run(self._marker_sql, {})[0][0]
+
+    @cached_property
+    def _marker_sql(self) -> Compiled | None:
+        """The history marker's statement, compiled at its first use (None: no marker)."""
+        return self._dialect.history_marker(self._engine)
 
     def id_step(self) -> int:
         """The distance between two ids one writer hands out (``Dialect.id_step``): 1 but on
