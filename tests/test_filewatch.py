@@ -4,6 +4,8 @@ falls back to when a platform or filesystem cannot watch."""
 from __future__ import annotations
 
 import select
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +43,33 @@ def test_the_descriptor_turns_readable_on_a_write_and_drain_consumes_it(tmp_path
         assert watch.drain() is False
     finally:
         watch.close()
+
+
+# Run under gevent's patched standard library, as in a gevent worker: a fork made there is
+# gevent's own (os.fork in Python), so the hook below sees every one.
+_FORKS_UNDER_GEVENT = """
+from gevent import monkey
+monkey.patch_all()
+import os, sys
+forks = []
+os.register_at_fork(before=lambda: forks.append(1))
+from flask_firm_channel.engine.backends.base.filewatch import FileWatch
+watches = [FileWatch.empty() for _ in range(3)]
+print(len(forks), sum(w is not None for w in watches))
+"""
+
+
+def test_making_a_watch_starts_no_process_even_under_gevent() -> None:
+    # A process started from a gevent worker is a forked copy of the worker until it execs,
+    # and it can run the worker's greenlets meanwhile (gunicorn logged "Parent changed" from
+    # such copies, and a request in flight lost its connection).
+    run = subprocess.run(
+        [sys.executable, "-c", _FORKS_UNDER_GEVENT], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    forks, watches = run.stdout.split()
+    assert watches == "3", "inotify is expected on the Linux machines we test on"
+    assert forks == "0"
 
 
 def test_a_deleted_file_is_reported_as_lost(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ network filesystems) :meth:`FileWatch.create` returns ``None`` and the hint poll
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 import struct
 from collections.abc import Sequence
@@ -24,6 +24,22 @@ IN_IGNORED = 0x00008000
 WRITTEN = IN_MODIFY | IN_ATTRIB
 _MASK = WRITTEN | IN_MOVE_SELF | IN_DELETE_SELF
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library with inotify, loaded once per process, or ``None`` where there is none.
+
+    ``CDLL(None)`` is the process's own symbols, the C library's among them: nothing is
+    started. (``ctypes.util.find_library`` runs ``ldconfig`` in a child process at every call;
+    under gevent that child is a forked copy of the worker, which can run the worker's
+    greenlets before it execs and close the connections they hold.)"""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.inotify_init1  # noqa: B018 - AttributeError where the platform has no inotify
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
 
 
 class WatchLost(Exception):
@@ -57,12 +73,10 @@ class FileWatch:
         """A watch on no file yet (see :meth:`add`), or ``None`` if this platform cannot."""
         if not hasattr(os, "O_CLOEXEC"):
             return None
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-            init = libc.inotify_init1
-        except (OSError, AttributeError):
+        libc = _libc()
+        if libc is None:
             return None
-        fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             return None
         return cls(fd, libc)
