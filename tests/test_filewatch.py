@@ -50,7 +50,7 @@ def test_the_descriptor_turns_readable_on_a_write_and_drain_consumes_it(tmp_path
 _FORKS_UNDER_GEVENT = """
 from gevent import monkey
 monkey.patch_all()
-import os, sys
+import os
 forks = []
 os.register_at_fork(before=lambda: forks.append(1))
 from flask_firm_channel.engine.backends.base.filewatch import FileWatch

@@ -34,6 +34,9 @@ USER = "postgres"
 DATABASE = "test"
 
 #: Written to the primary's postgresql.conf; the standby inherits it through the base backup.
+#: Connection arguments that write whatever the server's default_transaction_read_only.
+WRITABLE = {"options": "-c default_transaction_read_only=off"}
+
 SETTINGS = """
 listen_addresses = '127.0.0.1'
 max_connections = 200
@@ -127,9 +130,9 @@ class PgNode:
         )
 
     def query(
-        self, sql: str, params: Any = None, dbname: str = "postgres"
+        self, sql: str, params: Any = None, dbname: str = "postgres", **connect: Any
     ) -> list[tuple[Any, ...]]:
-        with self.connect(dbname) as conn:
+        with self.connect(dbname, **connect) as conn:
             cur = conn.execute(sql, params)
             return cur.fetchall() if cur.description else []
 
@@ -139,6 +142,28 @@ class PgNode:
 
     def in_recovery(self) -> bool:
         return bool(self.value("SELECT pg_is_in_recovery()"))
+
+    def refuse_read_write_urls(self, refuse: bool) -> None:
+        """While ``refuse``, new sessions default to read-only
+        (``default_transaction_read_only = on``, reloaded), so a URL with
+        ``target_session_attrs=read-write`` passes this node by even once it is the primary;
+        ``writer_url`` still writes to it. Returns once a new session sees the change."""
+        if refuse:
+            self.query("ALTER SYSTEM SET default_transaction_read_only = on", **WRITABLE)
+        else:
+            self.query("ALTER SYSTEM RESET default_transaction_read_only", **WRITABLE)
+        self.query("SELECT pg_reload_conf()", **WRITABLE)
+        shown = "on" if refuse else "off"
+        wait_until(
+            lambda: self.value("SHOW default_transaction_read_only") == shown,
+            30,
+            f"{self.name} to reload default_transaction_read_only = {shown}",
+        )
+
+    @property
+    def writer_url(self) -> str:
+        """This node alone, writable while ``refuse_read_write_urls(True)`` holds."""
+        return f"{self.url}?options=-c%20default_transaction_read_only%3Doff"
 
     def __repr__(self) -> str:
         return f"<PgNode {self.name} :{self.port} {'up' if self.running() else 'down'}>"

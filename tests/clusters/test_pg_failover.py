@@ -71,6 +71,10 @@ def test_async_lost_tail_every_new_message_once_loss_reported_and_no_id_reused(
         world.all_have(lost)
         resume_with.append(world.stream.events[-1]["id"])
 
+    # The app, the subscriber process and the stream reach the new primary only once it has
+    # handed lost ids out again: a listener there first moves the ids past them (the
+    # repair), and the reuse would never happen.
+    pair.standby.refuse_read_write_urls(True)
     pair.lose_tail(write)  # pause replication, write(), crash the primary, promote
     promoted = time.monotonic()
     # (Taken before the crash: by the time the promotion is over, the stream may have had
@@ -78,10 +82,22 @@ def test_async_lost_tail_every_new_message_once_loss_reported_and_no_id_reused(
     before_failover = resume_with[0]
     assert before_failover.startswith(f"{lost_ids[-1]}~")
 
-    # New messages at once: the new primary's sequence hands the lost ids out again.
+    # New messages at once, from another app that reached the new primary first: its
+    # sequence hands the lost ids out again.
     new = [f"new-{i}" for i in range(13)]
-    new_ids = [broadcast_retrying(publisher, p) for p in new]
+    with pytest.raises(sa.exc.OperationalError, match="session is read-only"):
+        sa.create_engine(pair.url, poolclass=sa.pool.NullPool).connect()
+    first = sa.create_engine(pair.primary.writer_url)
+    first_publisher = PubSub(
+        first, message_table(sa.MetaData(), world.table), Settings(auto_trim=False)
+    )
+    try:
+        new_ids = [first_publisher.broadcast(CHANNEL, p) for p in new]
+    finally:
+        first_publisher.close()
+        first.dispose()
     assert set(new_ids) & set(lost_ids), "the new primary handed out no lost id: no test"
+    pair.primary.refuse_read_write_urls(False)
     world.all_have(new)
     delivering_again = time.monotonic() - promoted
     resumed = SSEClient(world.app.sse_url, last_event_id=before_failover)
