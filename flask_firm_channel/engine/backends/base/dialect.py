@@ -111,8 +111,9 @@ class Dialect:
         with self.engine.begin() as conn:
             yield conn
 
-    def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
-        """Make a batch-claiming SELECT skip rows another trimmer holds."""
+    def lock_for_trim(self, stmt: Select[Any], wait: bool = False) -> Select[Any]:
+        """Make a batch-claiming SELECT skip rows another trimmer holds, or with ``wait``
+        wait for them and take what their holders leave."""
         return stmt
 
     @contextmanager
@@ -122,8 +123,11 @@ class Dialect:
         with self.engine.begin() as conn:
             yield conn
 
-    def trim_batch(self, table: Table, cutoff: datetime, batch_size: int) -> int:
-        """Delete one batch of rows created before ``cutoff``; return how many went."""
+    def trim_batch(
+        self, table: Table, cutoff: datetime, batch_size: int, wait: bool = False
+    ) -> int:
+        """Delete one batch of rows created before ``cutoff``; return how many went. The
+        batch skips rows other trimmers hold, or with ``wait`` waits for them."""
         # A plain read first: with nothing expired (the common case for a young table) no
         # write lock is taken, so broadcasters never wait behind an empty trim. On SQLite
         # that wait would be a busy-handler sleep of a millisecond or more.
@@ -141,7 +145,8 @@ class Dialect:
                 select(table.c.id)
                 .where(table.c.created_at < cutoff)
                 .order_by(table.c.created_at, table.c.id)
-                .limit(batch_size)
+                .limit(batch_size),
+                wait,
             )
             ids = list(conn.execute(claim).scalars())
             if not ids:

@@ -67,8 +67,8 @@ class MySQLDialect(Dialect):
         sock = getattr(conn, "_sock", None)
         return None if sock is None else int(sock.fileno())
 
-    def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
-        if self.supports_skip_locked():
+    def lock_for_trim(self, stmt: Select[Any], wait: bool = False) -> Select[Any]:
+        if not wait and self.supports_skip_locked():
             return stmt.with_for_update(skip_locked=True)
         return stmt.with_for_update()
 

@@ -106,8 +106,8 @@ class PostgreSQLDialect(Dialect):
             "p_note": notify_note(channel_hash, channel, payload, created_at),
         }
 
-    def lock_for_trim(self, stmt: Select[Any]) -> Select[Any]:
-        return stmt.with_for_update(skip_locked=True)
+    def lock_for_trim(self, stmt: Select[Any], wait: bool = False) -> Select[Any]:
+        return stmt.with_for_update(skip_locked=not wait)
 
     @contextmanager
     def schema_lock(self, table_name: str) -> Iterator[Connection]:
