@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import psycopg
 
@@ -33,10 +34,10 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 USER = "postgres"
 DATABASE = "test"
 
-#: Written to the primary's postgresql.conf; the standby inherits it through the base backup.
 #: Connection arguments that write whatever the server's default_transaction_read_only.
 WRITABLE = {"options": "-c default_transaction_read_only=off"}
 
+#: Written to the primary's postgresql.conf; the standby inherits it through the base backup.
 SETTINGS = """
 listen_addresses = '127.0.0.1'
 max_connections = 200
@@ -163,7 +164,7 @@ class PgNode:
     @property
     def writer_url(self) -> str:
         """This node alone, writable while ``refuse_read_write_urls(True)`` holds."""
-        return f"{self.url}?options=-c%20default_transaction_read_only%3Doff"
+        return f"{self.url}?options={quote(WRITABLE['options'])}"
 
     def __repr__(self) -> str:
         return f"<PgNode {self.name} :{self.port} {'up' if self.running() else 'down'}>"
