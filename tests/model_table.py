@@ -137,13 +137,22 @@ class ModelTable:
         pass
 
 
+class ReadFailed(Exception):
+    """A read of the model table that did not return (its connection lost on the way)."""
+
+
 class ModelReads:
-    """``Reads``' interface over a :class:`ModelTable`."""
+    """``Reads``' interface over a :class:`ModelTable`. ``fail_next``: the next read of rows
+    raises :class:`ReadFailed` (then they work again)."""
 
     def __init__(self, table: ModelTable) -> None:
         self.table = table
+        self.fail_next = False
 
     def rows(self, ranges: Sequence[Range], *, limit: int | None = BATCH) -> list[Row]:
+        if self.fail_next:
+            self.fail_next = False
+            raise ReadFailed("the connection was lost during the read")
         return self.table.rows_of(ranges, limit=limit)
 
     def ids_between(self, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

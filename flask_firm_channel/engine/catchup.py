@@ -59,40 +59,63 @@ class CatchUp:
         self._facts = facts
         self._health = health
         self.waiting: list[Subscriber] = []
+        #: id(subscriber) -> the id after which its catch-up goes on: it stopped before a
+        #: row that the listener's next read takes (see :meth:`_catch_up`).
+        self._goes_on_after: dict[int, int] = {}
 
     def add(self, subs: Iterable[Subscriber]) -> None:
         self.waiting.extend(subs)
 
+    def take_over(self, previous: CatchUp) -> None:
+        """Wait for what ``previous`` still waited for (a forked child's listener)."""
+        for sub in previous.waiting:
+            if not sub.started:
+                self.waiting.append(sub)
+                if id(sub) in previous._goes_on_after:
+                    self._goes_on_after[id(sub)] = previous._goes_on_after[id(sub)]
+
     def clear(self) -> None:
         self.waiting.clear()
+        self._goes_on_after.clear()
 
     def run(self, now: float) -> int:
-        """Catch up every waiting subscriber; return the rows read."""
+        """Catch up every waiting subscriber; return the rows read. The ones stopped before
+        a row of the listener's next read wait on, to go on after that read."""
         read = 0
+        stopped: list[Subscriber] = []
         while self.waiting:
             sub = self.waiting[0]
             if sub.active:
-                read += self._catch_up(sub, now)
+                rows, done = self._catch_up(sub, now)
+                read += rows
+                if not done:
+                    stopped.append(sub)
             self.waiting.pop(0)
+        self.waiting = stopped
         return read
 
-    def _catch_up(self, sub: Subscriber, now: float) -> int:
+    def _catch_up(self, sub: Subscriber, now: float) -> tuple[int, bool]:
         """Catch ``sub`` up to the high-water mark: the rows of its channels above its anchor
         that this listener read before ``sub`` existed, or, when it resumes from a cursor,
-        the retained rows after it. Returns the rows read."""
+        the retained rows after it. Returns the rows read, and False if it stopped before a
+        row that the listener's next read takes: it goes on from that row after the read."""
         position = self._position
         hw = position.high_water
         assert hw is not None
         if sub.anchor is None:
-            return 0
-        if sub.resume is not None:
-            self._check_resume(sub)
-        pending = position.owed.begin_catch_up(sub, now)
+            return 0, True
         # A resumed subscriber reads the repair records after its cursor too: a late commit
         # below the cursor that its stream never got is named there (``repair.py``).
         hashes = tuple(sorted(sub.hashes | {REPAIR_HASH} if sub.resume else sub.hashes))
+        low = self._goes_on_after.pop(id(sub), None)
+        if low is None:
+            if sub.resume is not None:
+                self._check_resume(sub)
+            pending = position.owed.begin_catch_up(sub, now)
+            low = sub.anchor
+        else:
+            pending = None  # (read with the rows before the stop)
         read = 0
-        low = sub.anchor
         while True:
             # Open-ended, so the read stops after BATCH rows however far behind the cursor
             # is; what lies above the high-water mark comes live, once it has started.
@@ -110,10 +133,13 @@ class CatchUp:
             for row in rows:
                 if _read_next(position, row):
                     # In one of the listener's gaps: the read after the catch-ups takes it,
-                    # for everyone owed it (this subscriber too) in id order with the rest of
-                    # the gaps. (Taken here, the others would get it before a lower id of the
-                    # same commit that this subscriber is not owed.)
-                    continue
+                    # for everyone owed it in id order with the rest of the gaps. (Taken
+                    # here, the others would get it before a lower id of the same commit
+                    # that this subscriber is not owed.) This subscriber stops before it
+                    # and goes on from it after that read, so that it gets nothing above
+                    # it first; not started, it gets nothing from that read meanwhile.
+                    self._goes_on_after[id(sub)] = row.id - 1
+                    return read, False
                 # One in a gap that read does not ask for (below its channel's floor), or one
                 # the listener passed (parked, deferred), found here: everyone owed it gets it
                 # now.
@@ -121,12 +147,12 @@ class CatchUp:
                 self._dispatch.deliver(row, late, only=sub)
                 if sub.behind:
                     # Its lane is full: the rest waits in the table until the lane drains.
-                    return read
+                    return read, True
             if len(rows) < BATCH or not rows:
                 break
             low = rows[-1].id
         sub.started = True
-        return read
+        return read, True
 
     def _check_resume(self, sub: Subscriber) -> None:
         """Tell a resumed subscriber first when the rows right after its cursor are gone, or

@@ -173,26 +173,38 @@ class LateRows:
     """Which rows must have committed later than the grace: one the previous read of the
     table asked for (its channel followed then) and did not find, created more than a grace
     before that read began; or one carried by a notification (sent at its commit, just now)
-    created more than a grace ago. ``late_commits`` False (writers serialised): none."""
+    created more than a grace ago. ``late_commits`` False (writers serialised): none.
+
+    Only a read that looked at every id it asked for counts as the previous read: one that
+    failed (its connection lost on the way, a server shut down) found nothing, and one that
+    stopped at its row limit did not look past it, so neither shows what had committed when
+    it began."""
 
     def __init__(self, grace: float, late_commits: bool, now: float) -> None:
         self.grace = grace
         self.late_commits = late_commits
-        #: When the previous read of the table began (before any: when this was made), and
-        #: when the latest one began.
+        #: When the previous read of the table began (before any: when this was made).
         self.read_floor = now
-        self._read_at = now
-        #: Reads of the table begun so far.
+        #: When the read under way began (None: none is).
+        self._began: float | None = None
+        #: Reads of the table done so far (as :meth:`read` counts them).
         self._reads = 0
-        #: channel_hash -> how many reads had begun when it was followed (a row of it not
+        #: channel_hash -> how many reads were done when it was followed (a row of it not
         #: read before then was not missed: it was not asked for). Counted, not timed: two
         #: reads may begin at one clock reading.
         self._followed_at: dict[int, int] = {}
 
     def reading(self, now: float) -> None:
-        """A read of the table begins at ``now``."""
-        self.read_floor, self._read_at = self._read_at, now
-        self._reads += 1
+        """A read of the table begins at ``now``. The rows it takes are judged against the
+        previous read; it becomes the previous read once :meth:`read` says it is done."""
+        self._began = now
+
+    def read(self) -> None:
+        """The read begun last returned, having looked at every id it asked for: the next
+        read is judged against it."""
+        if self._began is not None:
+            self.read_floor, self._began = self._began, None
+            self._reads += 1
 
     def follow(self, added: Iterable[int], dropped: Iterable[int], now: float) -> None:
         for h in added:
@@ -213,11 +225,11 @@ class LateRows:
             return False
         followed_at = self._followed_at.get(channel_hash(row.channel))
         # Asked for by the previous read: followed before it began.
-        return followed_at is not None and followed_at < self._reads - 1
+        return followed_at is not None and followed_at < self._reads
 
     def copy(self) -> LateRows:
         other = LateRows(self.grace, self.late_commits, self.read_floor)
-        other._read_at = self._read_at
+        other._began = self._began
         other._reads = self._reads
         other._followed_at = dict(self._followed_at)
         return other

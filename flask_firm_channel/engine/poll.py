@@ -138,7 +138,7 @@ class Poller:
         self.dispatch.position = self.history.position = self.position
         self.history.marker = previous.history.marker
         self.catch_up = CatchUp(self.position, self.dispatch, self._read, self, self._health)
-        self.catch_up.add(s for s in previous.catch_up.waiting if not s.started)
+        self.catch_up.take_over(previous.catch_up)
         self._repairs_for_position()
 
     def _repairs_for_position(self) -> None:
@@ -262,6 +262,13 @@ class Poller:
         position.late.reading(now)
         read = self.catch_up.run(now)
         read += self._read_new(now)
+        if not self.more:
+            # (A read that stopped at its row limit did not look past it: the next read is
+            # judged against the one before, see LateRows.)
+            position.late.read()
+        if self.catch_up.waiting:
+            # The ones that stopped before a row this read took go on from it.
+            read += self.catch_up.run(now)
         position.replay_done()
         if position.passed.deferred:
             self.repairs.deliver_due()
