@@ -90,6 +90,8 @@ class CatchUp:
                 read += rows
                 if not done:
                     stopped.append(sub)
+            else:
+                self._goes_on_after.pop(id(sub), None)
             self.waiting.pop(0)
         self.waiting = stopped
         return read
@@ -102,12 +104,12 @@ class CatchUp:
         position = self._position
         hw = position.high_water
         assert hw is not None
+        low = self._goes_on_after.pop(id(sub), None)
         if sub.anchor is None:
             return 0, True
         # A resumed subscriber reads the repair records after its cursor too: a late commit
         # below the cursor that its stream never got is named there (``repair.py``).
         hashes = tuple(sorted(sub.hashes | {REPAIR_HASH} if sub.resume else sub.hashes))
-        low = self._goes_on_after.pop(id(sub), None)
         if low is None:
             if sub.resume is not None:
                 self._check_resume(sub)
