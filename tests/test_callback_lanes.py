@@ -7,6 +7,8 @@ against the lane's bound, are dropped by ``close`` and survive a ``fork``."""
 
 from __future__ import annotations
 
+import linecache
+import sys
 import threading
 import time
 from typing import Any
@@ -74,6 +76,48 @@ def test_held_calls_count_against_the_bound() -> None:
             assert runner.submit(sub, "b", 2)
             assert not runner.submit(sub, "c", 3), "a third call was taken past a bound of 2"
         assert runner.backlog == 4
+    finally:
+        runner.close()
+
+
+def _waiting_for_a_call(thread: threading.Thread) -> bool:
+    """Whether ``thread``, a lane's, waits on its queue for the next call (the line it is
+    on, in ``CallbackRunner._serve``, is the queue's ``get``)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    if frame is None or frame.f_code.co_name != "_serve":
+        return False
+    return "get(" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+
+
+def test_a_subscription_that_fell_behind_is_caught_up_once_the_calls_held_for_it_have_run() -> None:
+    """The listener refuses a row while calls it submitted for the subscription are still
+    held (not released to the lane yet): the lane runs out of queued calls first, and must
+    not take the subscription for drained then, nor forget that it fell behind."""
+    got: list[str] = []
+    drained: list[Subscriber] = []
+    runner = CallbackRunner(inline_rate=0, on_drained=drained.append)
+
+    def callback(value: str) -> None:
+        got.append(value)
+        if value == "a":
+            # What the listener does meanwhile: submits "b" (held until it next waits), then
+            # is refused a row and says the subscription fell behind.
+            assert runner.submit(sub, "b", 2)
+            runner.fell_behind(sub)
+
+    sub = _subscription(callback)
+    sub.on_lane = True
+    before = set(_lane_threads())
+    try:
+        runner.submit(sub, "a", 1)
+        runner.release()
+        wait_for(lambda: got == ["a"] and len(set(_lane_threads()) - before) == 1)
+        (lane_thread,) = set(_lane_threads()) - before
+        wait_for(lambda: _waiting_for_a_call(lane_thread))
+        assert drained == [], "taken for drained while a call for it was held"
+        runner.release()  # (the listener's next wait)
+        wait_for(lambda: got == ["a", "b"])
+        wait_for(lambda: drained == [sub], timeout=5)
     finally:
         runner.close()
 

@@ -332,8 +332,12 @@ class CallbackRunner:
                     return
                 if lane.behind and not lane.items.qsize():
                     with self._lock:  # submit() refuses while full; fell_behind() sets this
+                        # Drained only once what the listener holds for it has run too: the
+                        # calls it submitted before the refusal reach the queue at its next
+                        # wait, and it stays behind until they are done.
                         drained = lane.behind and not lane.pending and not self._closed
-                        lane.behind = False
+                        if drained:
+                            lane.behind = False
                     if drained:
                         self.on_drained(lane.sub)
         finally:
