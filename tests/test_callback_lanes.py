@@ -117,7 +117,7 @@ def test_a_subscription_that_fell_behind_is_caught_up_once_the_calls_held_for_it
         assert drained == [], "taken for drained while a call for it was held"
         runner.release()  # (the listener's next wait)
         wait_for(lambda: got == ["a", "b"])
-        wait_for(lambda: drained == [sub], timeout=5)
+        wait_for(lambda: drained == [sub])
     finally:
         runner.close()
 

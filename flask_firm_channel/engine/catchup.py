@@ -104,26 +104,34 @@ class CatchUp:
         position = self._position
         hw = position.high_water
         assert hw is not None
-        low = self._goes_on_after.pop(id(sub), None)
+        stopped = self._goes_on_after.pop(id(sub), None)
         if sub.anchor is None:
             return 0, True
         # A resumed subscriber reads the repair records after its cursor too: a late commit
         # below the cursor that its stream never got is named there (``repair.py``).
         hashes = tuple(sorted(sub.hashes | {REPAIR_HASH} if sub.resume else sub.hashes))
-        if low is None:
+        if stopped is None:
             if sub.resume is not None:
                 self._check_resume(sub)
             pending = position.owed.begin_catch_up(sub, now)
-            low = sub.anchor
+            after = -1
         else:
-            pending = None  # (read with the rows before the stop)
+            # Going on from the row it stopped before: nothing below it is read again (a
+            # repair record taken twice would deliver what it names twice).
+            awaited = position.pending.get(id(sub))
+            pending = awaited[1] if awaited is not None else None
+            after = stopped
+        low = max(after, sub.anchor)
         read = 0
+        first = True
         while True:
             # Open-ended, so the read stops after BATCH rows however far behind the cursor
             # is; what lies above the high-water mark comes live, once it has started.
             ranges = [Range(hashes, low)] if low < hw else []
-            if pending is not None and low == sub.anchor:
-                ranges += [Range(hashes, a - 1, b) for a, b in pending.gaps.within(-1, low)]
+            if pending is not None and first:
+                owed = pending.gaps.within(after, sub.anchor)
+                ranges += [Range(hashes, a - 1, b) for a, b in owed]
+            first = False
             if not ranges:
                 break  # nothing read before it existed: it starts at the high-water mark
             rows = self._read(ranges)
