@@ -185,8 +185,6 @@ class LateRows:
         self.late_commits = late_commits
         #: When the previous read of the table began (before any: when this was made).
         self.read_floor = now
-        #: When the read under way began (None: none is).
-        self._began: float | None = None
         #: Reads of the table done so far (as :meth:`read` counts them).
         self._reads = 0
         #: channel_hash -> how many reads were done when it was followed (a row of it not
@@ -194,17 +192,11 @@ class LateRows:
         #: reads may begin at one clock reading.
         self._followed_at: dict[int, int] = {}
 
-    def reading(self, now: float) -> None:
-        """A read of the table begins at ``now``. The rows it takes are judged against the
-        previous read; it becomes the previous read once :meth:`read` says it is done."""
-        self._began = now
-
-    def read(self) -> None:
-        """The read begun last returned, having looked at every id it asked for: the next
-        read is judged against it."""
-        if self._began is not None:
-            self.read_floor, self._began = self._began, None
-            self._reads += 1
+    def read(self, began: float) -> None:
+        """A read of the table that began at ``began`` returned, having looked at every id
+        it asked for: the next read is judged against it."""
+        self.read_floor = began
+        self._reads += 1
 
     def follow(self, added: Iterable[int], dropped: Iterable[int], now: float) -> None:
         for h in added:
@@ -229,7 +221,6 @@ class LateRows:
 
     def copy(self) -> LateRows:
         other = LateRows(self.grace, self.late_commits, self.read_floor)
-        other._began = self._began
         other._reads = self._reads
         other._followed_at = dict(self._followed_at)
         return other

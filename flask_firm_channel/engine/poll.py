@@ -259,13 +259,12 @@ class Poller:
         self._hint.take_carried()
         self._hint.take_seen()
         epoch = self._hint.epoch
-        position.late.reading(now)
         read = self.catch_up.run(now)
         read += self._read_new(now)
         if not self.more:
             # (A read that stopped at its row limit did not look past it: the next read is
             # judged against the one before, see LateRows.)
-            position.late.read()
+            position.late.read(now)
         if self.catch_up.waiting:
             # The ones that stopped before a row this read took go on from it.
             read += self.catch_up.run(now)
