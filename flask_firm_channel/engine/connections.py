@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -110,8 +110,18 @@ def accept_defaults(engine: Engine) -> None:
     ``engine`` (idempotent). Called once per engine, when the engine layer first meets it:
     adding an event listener to an engine is best done before it serves."""
     with _accepting:
-        if not event.contains(engine, "do_connect", _with_defaults):
+        if not listens(engine.dialect.dispatch.do_connect, _with_defaults):
             event.listen(engine, "do_connect", _with_defaults, insert=True)
+
+
+def listens(listeners: Iterable[Any], fn: Callable[..., Any]) -> bool:
+    """``fn`` is among ``listeners``, an event's listeners where they are kept
+    (``engine.dialect.dispatch.do_connect``, ``engine.pool.dispatch.connect``).
+
+    Asked of the listeners themselves, not of ``sqlalchemy.event.contains()``: that keys an
+    engine by its ``id()``, so a new engine made at the address of a dropped one whose
+    dialect or pool still lives was taken for the one listened to, and went without."""
+    return any(listener is fn for listener in listeners)
 
 
 def _with_defaults(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> Any:

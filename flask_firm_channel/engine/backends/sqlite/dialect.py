@@ -16,6 +16,7 @@ from sqlalchemy import (
     text,
 )
 
+from ...connections import listens
 from ..base.bells import Bells
 from ..base.dialect import Dialect
 
@@ -62,7 +63,7 @@ class SQLiteDialect(Dialect):
     def configure_engine(self, *, sqlite_wal: bool) -> None:
         if not sqlite_wal or self.memory_database():
             return
-        if not event.contains(self.engine, "connect", _sqlite_wal_on_connect):
+        if not listens(self.engine.pool.dispatch.connect, _sqlite_wal_on_connect):
             event.listen(self.engine, "connect", _sqlite_wal_on_connect)
             # Connections already in the pool missed the event; WAL is a property of the
             # database file, so setting it once through any connection is enough for it.
