@@ -4,6 +4,7 @@ trimmers in separate processes neither block each other nor count a row twice.""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import threading
@@ -113,6 +114,24 @@ def test_trim_respects_batch_size(make_app: Callable[..., Any]) -> None:
             sa.event.remove(db2.engine, "after_cursor_execute", on_execute)
         assert deletes == [3, 3, 1]
         assert _ids(db2, fc2.table) == fresh
+
+
+def test_a_background_trim_that_finds_the_table_gone_says_nothing_louder_than_debug(
+    make_app: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A batch asked for just before the table went away (a test suite's teardown, a
+    migration) is no error of its own: the listener and the next broadcast say what to do."""
+    caplog.set_level(logging.DEBUG, logger="flask_firm_channel")
+    app, db, fc = make_app(FIRM_CHANNEL_MESSAGE_RETENTION=3600)
+    with app.app_context():
+        trimmer = fc.pubsub().trimmer
+        fc.table.drop(db.engine)
+        trimmer.request()
+        wait_for(lambda: trimmer.errors >= 1)
+        said = [r for r in caplog.records if r.name == "flask_firm_channel"]
+        assert [r.getMessage() for r in said if r.levelno > logging.DEBUG] == []
+        assert any("trim: table" in r.getMessage() and "missing" in r.getMessage() for r in said)
+        assert not sa.inspect(db.engine).has_table(fc.table.name)
 
 
 def test_auto_trim_runs_in_the_background(make_app: Callable[..., Any]) -> None:
