@@ -84,6 +84,13 @@ def as_dbapi_error(exc: BaseException, dialect: Dialect, table_name: str) -> DBA
     return wrapped
 
 
+def says_table_missing(exc: BaseException, dialect: Dialect) -> bool:
+    """``exc``, the driver's error or SQLAlchemy's wrapping of it, says the table does not
+    exist."""
+    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    return dialect.missing_table(orig)
+
+
 @contextmanager
 def database_errors(dialect: Dialect, table_name: str) -> Iterator[None]:
     """Raise every database error inside the block as a :class:`DBAPIError`."""
@@ -132,8 +139,7 @@ class PollErrors:
         self.saw_missing_table = False
 
     def report(self, exc: BaseException, backoff: float) -> None:
-        orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-        if self._dialect.missing_table(orig):
+        if says_table_missing(exc, self._dialect):
             self.saw_missing_table = True
             self._failures.forget()
             if not self._missing:

@@ -13,6 +13,7 @@ from sqlalchemy import Table, func, select
 from sqlalchemy.exc import DBAPIError
 
 from .backends import Dialect
+from .errors import says_table_missing
 from .forkhold import DriverHold
 from .settings import Duration, Settings, to_seconds, trim_batch_size
 from .table import utcnow
@@ -149,8 +150,7 @@ class Trimmer:
                 self.batches += 1
                 self.deleted += deleted
             except Exception as exc:
-                orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-                if self._dialect.missing_table(orig):
+                if says_table_missing(exc, self._dialect):
                     # Said where it matters: the broadcast that would need the table raises
                     # it, and a listener warns once. A batch asked for before the table went
                     # away has nothing to trim.
